@@ -1,0 +1,80 @@
+"""Command line: `python -m fedsteer_lib {data,tune,sweep,status}`.
+
+    python -m fedsteer_lib data                         # make sure Fashion-MNIST is on disk
+    python -m fedsteer_lib tune --dataset fmnist        # FedAvg-only hyperparameter tuning (validation split)
+    python -m fedsteer_lib sweep --profile paper --dataset fmnist [--what main|ablations|all] [--workers 2]
+    python -m fedsteer_lib status --profile paper       # how much of a sweep is cached
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import DATASET_DEFAULTS, PROFILES
+
+
+def _sweep_configs(args) -> dict[str, list]:
+    from .sweep import ablation_grid, paper_grid
+
+    groups: dict[str, list] = {}
+    if args.what in ("main", "all"):
+        groups["main"] = paper_grid(args.dataset, args.profile, args.device)
+    if args.what in ("ablations", "all"):
+        groups.update(ablation_grid(args.dataset, args.profile, args.device))
+    return groups
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedsteer_lib", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("data", help="make sure Fashion-MNIST is available (apt-get as root, else says how)")
+    for name in ("tune", "sweep", "status"):
+        p = sub.add_parser(name)
+        p.add_argument("--dataset", choices=sorted(DATASET_DEFAULTS), default="fmnist")
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--workers", type=int, default=1)
+        p.add_argument("--results", default=None, help="results directory (default data/results)")
+        if name != "tune":
+            p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
+            p.add_argument("--what", choices=("main", "ablations", "all"), default="all")
+    args = parser.parse_args(argv)
+
+    if args.command == "data":
+        from .data import DatasetNotFoundError, ensure_fashion_mnist
+
+        try:
+            print(ensure_fashion_mnist())
+        except DatasetNotFoundError as err:
+            print(err, file=sys.stderr)
+            return 1
+        return 0
+
+    from .results import RESULTS_DIR
+    from .sweep import missing, run_grid
+
+    root = args.results or RESULTS_DIR
+    if args.command == "tune":
+        from .tuning import select, tuning_configs, tuning_table
+
+        configs = tuning_configs(args.dataset, device=args.device)
+        run_grid(configs, root, workers=args.workers, desc="tuning (FedAvg, validation split)")
+        table = tuning_table(configs, root)
+        print(table.to_string(index=False))
+        print(json.dumps(select(table)))
+        return 0
+
+    groups = _sweep_configs(args)
+    if args.command == "status":
+        for name, configs in groups.items():
+            print(f"{name:15s} {len(configs) - len(missing(configs, root)):4d} / {len(configs):4d} runs cached")
+        return 0
+    for name, configs in groups.items():
+        n = run_grid(configs, root, workers=args.workers, desc=name)
+        print(f"{name}: computed {n}, {len(configs)} in the grid")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Every setting of an experiment, in one place, validated before any compute.
+
+The paper's hyperparameter table (its Table 2) is missing from the text. Where the paper is
+silent, the choice is made here, once, and the book's "Choices" page shows this file's values:
+
+- Local training (E, batch size, client lr) and the server lr eta_s were chosen by tuning
+  *FedAvg only* on a validation split held out of the training pool (see TUNING and
+  `data/results/tuning/`), then frozen for every method.
+- Evaluation schedule: every 5 rounds and each of the last 10 rounds.
+
+A run is described by a `RunConfig`; its `key()` (a hash of everything except the device)
+names its result in the cache, so a finished run is never computed twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHODS", "PROFILES",
+    "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods",
+]
+
+
+class ConfigError(ValueError):
+    """A setting is outside its allowed range; the message names the field and the range."""
+
+
+def _check(cond: bool, field_name: str, allowed: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{field_name} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FLSystem:
+    """The simulated FL system of paper §2.1 and §4.1.
+
+    A fraction `weak_fraction` of the clients is weak (participation probability
+    `weak_prob`), the rest powerful (`powerful_prob`); these groups are drawn independently
+    of the data groups. A fraction `gamma` of the clients (common-label group) gets
+    floor(points_scale / gamma) points from the first half of the labels, the others
+    (rare-label group) floor(points_scale / (1 - gamma)) points from the second half.
+    """
+
+    num_clients: int = 100
+    weak_fraction: float = 0.5
+    weak_prob: float = 0.04
+    powerful_prob: float = 0.16
+    gamma: float = 0.9
+    points_scale: int = 50
+    validation_size: int = 0  # > 0: hold this many training images out as the evaluation set
+
+    def validate(self) -> None:
+        _check(isinstance(self.num_clients, int) and self.num_clients >= 2, "num_clients", "an integer >= 2", self.num_clients)
+        _check(0.0 <= self.weak_fraction <= 1.0, "weak_fraction", "in [0, 1]", self.weak_fraction)
+        _check(0.0 < self.weak_prob <= 1.0, "weak_prob", "in (0, 1]", self.weak_prob)
+        _check(0.0 < self.powerful_prob <= 1.0, "powerful_prob", "in (0, 1]", self.powerful_prob)
+        _check(0.0 < self.gamma < 1.0, "gamma", "in (0, 1)", self.gamma)
+        _check(isinstance(self.points_scale, int) and self.points_scale >= 1, "points_scale", "an integer >= 1", self.points_scale)
+        common = round(self.gamma * self.num_clients)
+        _check(0 < common < self.num_clients, "gamma",
+               f"such that both label groups are non-empty for num_clients={self.num_clients}", self.gamma)
+        _check(isinstance(self.validation_size, int) and self.validation_size >= 0, "validation_size", "an integer >= 0", self.validation_size)
+
+
+@dataclass(frozen=True)
+class Training:
+    """Local training (E epochs of minibatch SGD) and the server step w <- w - eta_s * Delta."""
+
+    rounds: int = 150
+    local_epochs: int = 2
+    batch_size: int = 32
+    client_lr: float = 0.05
+    server_lr: float = 1.0
+    eval_every: int = 5
+    eval_last: int = 10
+
+    def validate(self) -> None:
+        for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
+        _check(isinstance(self.eval_last, int) and self.eval_last >= 0, "eval_last", "an integer >= 0", self.eval_last)
+        _check(self.client_lr > 0, "client_lr", "> 0", self.client_lr)
+        _check(self.server_lr > 0, "server_lr", "> 0", self.server_lr)
+
+
+# Each method: its parameters with defaults. `method(name, **params)` validates against this.
+METHODS: dict[str, dict[str, Any]] = {
+    "fedavg": {},                       # normalised average of the active clients (the tables' FedAvg)
+    "fedavg_unbiased": {},              # sum_{i in A} d_i / p_i g_i
+    "fedvarp": {"warm_start": False},   # warm_start: memory h starts from FedSteer's warm-up snapshot
+    "fedstale": {"beta": 0.7},
+    "mifa": {"warm_start": False},
+    "scaffold": {},
+    "fedprox": {"mu": 0.1},
+    "full": {},                         # full participation: every client every round
+    "fedsteer": {
+        "core_size": 40, "lam": 0.5, "refresh_every": 1, "ordering": "unbiased",
+        "warmup_cycles": 5, "max_swaps": 5, "subsample": 0, "selection": "greedy",
+    },
+}
+ORDERINGS = ("unbiased", "as_written")
+SELECTIONS = ("greedy", "random")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method name and its parameters (see METHODS for the defaults)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def get(self, key: str) -> Any:
+        return dict(self.params).get(key, METHODS[self.name].get(key))
+
+    @property
+    def label(self) -> str:
+        """A short human-readable label, e.g. 'fedstale(beta=0.7)'."""
+        nondefault = [(k, v) for k, v in self.params if METHODS[self.name].get(k) != v]
+        return self.name + ("(" + ", ".join(f"{k}={v}" for k, v in nondefault) + ")" if nondefault else "")
+
+    def validate(self, num_clients: int) -> None:
+        _check(self.name in METHODS, "method", f"one of {sorted(METHODS)}", self.name)
+        allowed = METHODS[self.name]
+        for key, _ in self.params:
+            _check(key in allowed, f"{self.name} parameter", f"one of {sorted(allowed) or '(none)'}", key)
+        if self.name == "fedstale":
+            _check(0.0 <= self.get("beta") <= 1.0, "fedstale beta", "in [0, 1]", self.get("beta"))
+        if self.name == "fedprox":
+            _check(self.get("mu") >= 0.0, "fedprox mu", ">= 0", self.get("mu"))
+        if self.name == "fedsteer":
+            k = self.get("core_size")
+            _check(isinstance(k, int) and 1 <= k <= num_clients, "fedsteer core_size", f"an integer in [1, num_clients={num_clients}]", k)
+            _check(self.get("lam") >= 0.0, "fedsteer lam (lambda)", ">= 0", self.get("lam"))
+            _check(isinstance(self.get("refresh_every"), int) and self.get("refresh_every") >= 1, "fedsteer refresh_every", "an integer >= 1", self.get("refresh_every"))
+            _check(self.get("ordering") in ORDERINGS, "fedsteer ordering", f"one of {ORDERINGS}", self.get("ordering"))
+            _check(isinstance(self.get("warmup_cycles"), int) and self.get("warmup_cycles") >= 0, "fedsteer warmup_cycles", "an integer >= 0", self.get("warmup_cycles"))
+            _check(isinstance(self.get("max_swaps"), int) and self.get("max_swaps") >= 0, "fedsteer max_swaps", "an integer >= 0", self.get("max_swaps"))
+            sub = self.get("subsample")
+            _check(isinstance(sub, int) and (sub == 0 or 1 <= sub <= num_clients), "fedsteer subsample", f"0 (off) or an integer in [1, {num_clients}]", sub)
+            _check(self.get("selection") in SELECTIONS, "fedsteer selection", f"one of {SELECTIONS}", self.get("selection"))
+
+
+def method(name: str, **params: Any) -> MethodSpec:
+    """Build a MethodSpec, e.g. `method("fedsteer", core_size=40, lam=0.5)`."""
+    if name not in METHODS:
+        raise ConfigError(f"method must be one of {sorted(METHODS)}, got {name!r}")
+    return MethodSpec(name, tuple(sorted(params.items())))
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """Extra measurements (paper-book figures); never fed back into training.
+
+    probe_every: every this many rounds (0: never) compute every client's true update at w_t.
+    track_coords: FedSteer clients whose coordinates s_i are recorded every round (Fig. 8).
+    """
+
+    probe_every: int = 0
+    probe_mc_samples: int = 200
+    track_coords: tuple[int, ...] = ()
+
+    def validate(self) -> None:
+        _check(isinstance(self.probe_every, int) and self.probe_every >= 0, "probe_every", "an integer >= 0", self.probe_every)
+        _check(self.probe_mc_samples >= 2, "probe_mc_samples", ">= 2", self.probe_mc_samples)
+
+
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    # core set size |X| and lambda of paper §4.2; EMNIST split is our choice (the paper is silent)
+    "fmnist": {"core_size": 40, "lam": 0.5},
+    "emnist": {"core_size": 10, "lam": 0.5, "split": "balanced"},
+    "cifar10": {"core_size": 10, "lam": 0.5},
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One simulated training run: everything that determines its result, plus the device."""
+
+    dataset: str = "fmnist"
+    method: MethodSpec = field(default_factory=lambda: method("fedavg"))
+    system: FLSystem = field(default_factory=FLSystem)
+    training: Training = field(default_factory=Training)
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)
+    seed: int = 0
+    emnist_split: str = "balanced"
+    device: str = "cpu"
+
+    def validate(self) -> "RunConfig":
+        _check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
+        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
+        self.system.validate()
+        self.training.validate()
+        self.diagnostics.validate()
+        self.method.validate(self.system.num_clients)
+        return self
+
+    def to_dict(self, with_device: bool = True) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["method"] = {"name": self.method.name, **{k: self.method.get(k) for k in METHODS[self.method.name]}}
+        if not with_device:
+            d.pop("device")
+        return d
+
+    def key(self) -> str:
+        """Content hash naming this run's result (the device is not part of it)."""
+        blob = json.dumps(self.to_dict(with_device=False), sort_keys=True)
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        d = dict(d)
+        m = dict(d.pop("method"))
+        name = m.pop("name")
+        diag = dict(d.pop("diagnostics", {}))
+        diag["track_coords"] = tuple(diag.get("track_coords", ()))
+        return cls(method=method(name, **m), system=FLSystem(**d.pop("system")),
+                   training=Training(**d.pop("training")), diagnostics=Diagnostics(**diag), **d)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# Hyperparameters chosen by the FedAvg-only validation tuning (fedsteer_lib.tuning), frozen for all methods.
+TUNED: dict[str, Training] = {
+    "fmnist": Training(rounds=150, local_epochs=2, batch_size=32, client_lr=0.05, server_lr=1.0),
+    "emnist": Training(rounds=150, local_epochs=2, batch_size=32, client_lr=0.05, server_lr=1.0),
+    "cifar10": Training(rounds=150, local_epochs=2, batch_size=32, client_lr=0.05, server_lr=1.0),
+}
+
+
+def paper_methods(dataset: str) -> list[MethodSpec]:
+    """Every method of the paper's Table 1, with the dataset's |X| and lambda for FedSteer."""
+    dd = DATASET_DEFAULTS[dataset]
+    steer = dict(core_size=dd["core_size"], lam=dd["lam"])
+    return (
+        [method("fedavg"), method("fedavg_unbiased"), method("fedvarp")]
+        + [method("fedstale", beta=b) for b in (0.5, 0.6, 0.7, 0.8, 0.9)]
+        + [method("scaffold"), method("mifa"), method("fedprox"), method("full")]
+        + [method("fedsteer", **steer), method("fedsteer", refresh_every=5, **steer)]
+    )
+
+
+# Profiles: `paper` is the paper's setting; `quick` runs every code path for real at a size
+# that lets all notebooks finish in minutes on 2 CPU cores (fewer rounds and seeds).
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {"rounds": 150, "seeds": tuple(range(8)), "gammas": (0.7, 0.9)},
+    "quick": {"rounds": 20, "seeds": (0,), "gammas": (0.9,)},
+}

@@ -1,0 +1,130 @@
+"""The results cache: one JSON file per finished run under `data/results/runs/`, named by the
+run's config key, holding the exact config, provenance, history, summary and extras.
+
+Files are written atomically (temporary file + rename), so a crash never leaves a
+half-written result; a run is computed only if its file is missing.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import torch
+
+from .config import RunConfig
+from .engine import RunResult
+
+__all__ = ["RESULTS_DIR", "run_path", "has_run", "save_run", "load_run", "provenance", "runs_table", "history_table", "load_runs"]
+
+RESULTS_DIR = Path(os.environ.get("FEDSTEER_RESULTS", Path(__file__).resolve().parent.parent / "data" / "results"))
+
+
+def _root(root: str | os.PathLike | None) -> Path:
+    return Path(root) if root is not None else RESULTS_DIR
+
+
+def run_path(config: RunConfig, root: str | os.PathLike | None = None) -> Path:
+    return _root(root) / "runs" / f"{config.key()}.json"
+
+
+def has_run(config: RunConfig, root: str | os.PathLike | None = None) -> bool:
+    return run_path(config, root).exists()
+
+
+def _code_version() -> str:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(device: str) -> dict[str, Any]:
+    """Code version, date, library versions and the device a result was computed on."""
+    dev = device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return {"code_version": _code_version(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "python": platform.python_version(), "device": dev,
+            "machine": platform.machine(), "threads": torch.get_num_threads()}
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN/inf become None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def save_run(result: RunResult, config: RunConfig, root: str | os.PathLike | None = None) -> Path:
+    """Write one run atomically; returns its path."""
+    path = run_path(config, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"key": config.key(), "config": config.to_dict(with_device=False), "provenance": provenance(config.device),
+               "summary": result.summary, "history": result.history, "extras": result.extras}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_clean(payload), f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_run(config: RunConfig, root: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The stored payload of a finished run (raises FileNotFoundError if it was never run)."""
+    path = run_path(config, root)
+    if not path.exists():
+        raise FileNotFoundError(f"no result for run {config.key()} ({config.method.label}, seed {config.seed}) at {path}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_runs(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    return [load_run(c, root) for c in configs]
+
+
+def _row(config: RunConfig) -> dict[str, Any]:
+    return {"dataset": config.dataset, "method": config.method.name, "label": config.method.label,
+            "gamma": config.system.gamma, "seed": config.seed, "rounds": config.training.rounds, "key": config.key()}
+
+
+def runs_table(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> pd.DataFrame:
+    """One tidy row per finished run: identifying columns plus the summary numbers."""
+    rows = []
+    for c in configs:
+        payload = load_run(c, root)
+        s = payload["summary"]
+        rows.append({**_row(c), "final_accuracy": s["final_accuracy"], "mean_last_accuracy": s["mean_last_accuracy"],
+                     "final_loss": s["final_loss"], "collapsed": s["collapsed"], "collapse_round": s["collapse_round"],
+                     "server_memory_bytes": s["server_memory_bytes"], "wall_time": s["wall_time"],
+                     "device": payload["provenance"]["device"]})
+    return pd.DataFrame(rows)
+
+
+def history_table(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> pd.DataFrame:
+    """One tidy row per (run, round): the accuracy curves."""
+    frames = []
+    for c in configs:
+        h = pd.DataFrame(load_run(c, root)["history"])
+        for k, v in _row(c).items():
+            h[k] = v
+        frames.append(h)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

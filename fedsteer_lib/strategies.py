@@ -1,0 +1,332 @@
+"""Server strategies: FedSteer and every baseline of the paper, behind one interface.
+
+A strategy holds no mutable state of its own; the server state is an explicit `dict` of
+tensors created by `init_state` and passed to every call. Per round the engine calls
+
+    local_spec(state, i)                      -> what client i's local training adds (FedProx, SCAFFOLD)
+    aggregate(state, ctx, active, updates)    -> Delta_t   (pure: does not change the state)
+    update(state, ctx, active, updates, ...)  -> refreshes the memory after the aggregation
+
+and the server step w_{t+1} = w_t - eta_s Delta_t. Because `aggregate` is pure, the
+diagnostics can evaluate any method's estimator on many hypothetical active sets.
+To add a method: subclass `Strategy`, decorate it with `@register("name")` and list its
+parameters in `config.METHODS`. The engine does not change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import MethodSpec
+from .coreset import SwapTrace, greedy_swap
+from .projection import ridge_coordinates, steered_update
+from .training import LocalSpec
+
+__all__ = ["ServerContext", "Strategy", "make_strategy", "register", "STRATEGIES", "State"]
+
+State = dict  # name -> tensor (or small python values); everything the server remembers
+
+
+@dataclass
+class ServerContext:
+    weights: torch.Tensor  # d_i, (N,), float32 on the device
+    probs: torch.Tensor  # p_i as the strategy sees them (ones under full participation), (N,)
+    dim: int
+    device: torch.device
+    client_lr: float
+    seed: int = 0
+
+    @property
+    def num_clients(self) -> int:
+        return self.weights.shape[0]
+
+
+STRATEGIES: dict[str, Callable[[MethodSpec], "Strategy"]] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        STRATEGIES[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def make_strategy(spec: MethodSpec) -> "Strategy":
+    if spec.name not in STRATEGIES:
+        raise ValueError(f"no strategy registered for method {spec.name!r}; known: {sorted(STRATEGIES)}")
+    return STRATEGIES[spec.name](spec)
+
+
+class Strategy:
+    """Base class: unbiased FedAvg-style aggregation with no memory."""
+
+    name = "base"
+
+    def __init__(self, spec: MethodSpec) -> None:
+        self.spec = spec
+
+    @property
+    def warmup_cycles(self) -> int:
+        """Warm-up selection cycles (paper §2.4) the engine runs before training; 0: none."""
+        return int(self.spec.get("warmup_cycles") or 0)
+
+    def participation_probs(self, probs: torch.Tensor) -> torch.Tensor:
+        return probs
+
+    def init_state(self, ctx: ServerContext) -> State:
+        return {}
+
+    def local_spec(self, state: State, client: int) -> LocalSpec | None:
+        return None
+
+    def aggregate(self, state: State, ctx: ServerContext, active: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def update(self, state: State, ctx: ServerContext, active: torch.Tensor, updates: torch.Tensor,
+               steps: torch.Tensor, round_idx: int) -> None:
+        return None
+
+    def warmup_snapshot(self, state: State, ctx: ServerContext, grads: torch.Tensor, cycle: int, last: bool) -> None:
+        """Called once per warm-up cycle with every client's update at the fixed model."""
+        return None
+
+    def estimates(self, state: State, ctx: ServerContext) -> torch.Tensor | None:
+        """Each client's baseline estimate g_hat_i in Eq. 4's form (N, d), or None if the
+        estimator is not of that form. Diagnostics only."""
+        return None
+
+    def memory_bytes(self, state: State) -> int:
+        """Bytes of server state (tensors only)."""
+        return sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def _unbiased_sum(ctx: ServerContext, active: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    """sum_{i in A} (d_i / p_i) g_i."""
+    return (ctx.weights[active] / ctx.probs[active]) @ updates
+
+
+def _normalized_mean(ctx: ServerContext, active: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    """sum_{i in A} d_i g_i / sum_{i in A} d_i (zero when no client is active)."""
+    if active.numel() == 0:
+        return torch.zeros(ctx.dim, device=ctx.device)
+    w = ctx.weights[active]
+    return (w / w.sum()) @ updates
+
+
+@register("fedavg")
+class FedAvg(Strategy):
+    """FedAvg as the tables report it: the d-weighted mean of the active clients' updates."""
+
+    def aggregate(self, state, ctx, active, updates):
+        return _normalized_mean(ctx, active, updates)
+
+
+@register("fedavg_unbiased")
+class FedAvgUnbiased(Strategy):
+    """Unbiased FedAvg: Delta = sum_{i in A} (d_i / p_i) g_i (importance weighting)."""
+
+    def aggregate(self, state, ctx, active, updates):
+        return _unbiased_sum(ctx, active, updates)
+
+    def estimates(self, state, ctx):
+        return torch.zeros(ctx.num_clients, ctx.dim, device=ctx.device)
+
+
+@register("full")
+class FullParticipation(FedAvgUnbiased):
+    """Every client participates every round (p_i = 1): Delta = sum_i d_i g_i. The upper bound."""
+
+    def participation_probs(self, probs):
+        return torch.ones_like(probs)
+
+
+class _Memory(Strategy):
+    """Keeps the latest update h_i of every client (O(N d) memory), zero until first seen."""
+
+    def init_state(self, ctx):
+        return {"h": torch.zeros(ctx.num_clients, ctx.dim, device=ctx.device)}
+
+    def update(self, state, ctx, active, updates, steps, round_idx):
+        state["h"][active] = updates
+
+    def warmup_snapshot(self, state, ctx, grads, cycle, last):
+        if last:  # fair-start variant: start from the same warm-up snapshot FedSteer gets
+            state["h"].copy_(grads)
+
+
+@register("fedstale")
+class FedStale(_Memory):
+    """FedStale: Delta = sum_A (d_i/p_i) g_i + beta (sum_i d_i h_i - sum_A (d_i/p_i) h_i).
+    beta = 1 is FedVARP, beta = 0 unbiased FedAvg."""
+
+    beta_default: float | None = None
+
+    @property
+    def beta(self) -> float:
+        return float(self.spec.get("beta")) if self.beta_default is None else self.beta_default
+
+    def aggregate(self, state, ctx, active, updates):
+        h = state["h"]
+        stale = ctx.weights @ h - (ctx.weights[active] / ctx.probs[active]) @ h[active]
+        return _unbiased_sum(ctx, active, updates) + self.beta * stale
+
+    def estimates(self, state, ctx):
+        return self.beta * state["h"]
+
+
+@register("fedvarp")
+class FedVARP(FedStale):
+    """FedVARP: Delta = sum_i d_i h_i + sum_A (d_i/p_i) (g_i - h_i) (SAGA-like control variate)."""
+
+    beta_default = 1.0
+
+
+@register("mifa")
+class MIFA(_Memory):
+    """MIFA: Delta = sum_i d_i h_i after refreshing h_i <- g_i for the active clients.
+    A client never seen yet contributes h_i = 0."""
+
+    def aggregate(self, state, ctx, active, updates):
+        h = state["h"]
+        return ctx.weights @ h + ctx.weights[active] @ (updates - h[active])
+
+
+@register("fedprox")
+class FedProx(FedAvg):
+    """FedProx: FedAvg's aggregation; local objective + (mu/2) ||w - w_t||^2."""
+
+    def local_spec(self, state, client):
+        return LocalSpec(prox_mu=float(self.spec.get("mu")))
+
+
+@register("scaffold")
+class Scaffold(Strategy):
+    """SCAFFOLD with partial participation (Karimireddy et al., 2020, option II).
+
+    Local steps use the gradient + (c - c_i). After the round:
+    c_i+ = c_i - c + (w_t - w_i) / (K lr),  c <- c + sum_{i in A} (c_i+ - c_i) / N.
+    Aggregation: the d-weighted mean of the active updates, server lr eta_s.
+    """
+
+    def init_state(self, ctx):
+        return {"c": torch.zeros(ctx.dim, device=ctx.device),
+                "c_i": torch.zeros(ctx.num_clients, ctx.dim, device=ctx.device)}
+
+    def local_spec(self, state, client):
+        return LocalSpec(correction=state["c"] - state["c_i"][client])
+
+    def aggregate(self, state, ctx, active, updates):
+        return _normalized_mean(ctx, active, updates)
+
+    def update(self, state, ctx, active, updates, steps, round_idx):
+        if active.numel() == 0:
+            return
+        c, c_i = state["c"], state["c_i"]
+        new_ci = c_i[active] - c + updates / (steps.to(updates.dtype)[:, None] * ctx.client_lr)
+        c += (new_ci - c_i[active]).sum(0) / ctx.num_clients
+        c_i[active] = new_ci
+
+
+@register("fedsteer")
+class FedSteer(Strategy):
+    """FedSteer (paper §2.2-2.4, Algorithm 2): corrective projections with selective caching.
+
+    State: the core set X (k client ids), their raw cached updates h_j (k, d), the normalised
+    basis Q_t (Eq. 1, rows), every client's coordinates s_i (N, k) and the round of its last
+    coordinate refresh. Memory O(N k + k d).
+
+    ordering="unbiased" (default): round t's Delta uses Q_t and the coordinates as they stood
+    before the round, so E[Delta_t] = sum_i d_i g_i. Afterwards the cache takes this round's
+    core updates and each active client's s_i is recomputed against the refreshed Q (Eq. 3).
+    ordering="as_written": Q already holds this round's core updates and the active clients'
+    fresh s_i are used in the same round (biased: g_hat_i depends on A_t).
+    refresh_every=R: an active client's s_i is recomputed at most once every R rounds
+    (R=1: on every participation; R=5: the paper's "enforce=5").
+    Core members whose cache is still zero are left out of Q until they have an update.
+    """
+
+    def init_state(self, ctx):
+        k = int(self.spec.get("core_size"))
+        gen = np.random.default_rng([ctx.seed, 4])
+        core = torch.from_numpy(np.sort(gen.choice(ctx.num_clients, size=k, replace=False)))
+        return {
+            "core": core.to(ctx.device),
+            "core_grads": torch.zeros(k, ctx.dim, device=ctx.device),
+            "basis": torch.zeros(k, ctx.dim, device=ctx.device),
+            "coords": torch.zeros(ctx.num_clients, k, device=ctx.device),
+            "last_refresh": torch.full((ctx.num_clients,), -10**9, dtype=torch.long, device=ctx.device),
+            "swap_trace": [],
+            "round": 0,
+        }
+
+    # --- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _basis(core_grads: torch.Tensor) -> torch.Tensor:
+        """Eq. 1 on the rows that have an update; zero rows stay zero (left out of Q)."""
+        norms = torch.linalg.vector_norm(core_grads, dim=1, keepdim=True)
+        return torch.where(norms > 0, core_grads / norms.clamp_min(1e-30), torch.zeros_like(core_grads))
+
+    def _coords(self, basis: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        """Eq. 3 against the valid rows of the basis; coordinates on left-out rows are 0."""
+        valid = torch.linalg.vector_norm(basis, dim=1) > 0
+        out = torch.zeros(grads.shape[0], basis.shape[0], dtype=grads.dtype, device=grads.device)
+        if bool(valid.any()):
+            out[:, valid] = ridge_coordinates(basis[valid], grads, float(self.spec.get("lam")))
+        return out
+
+    def _refreshed(self, state, active, updates, round_idx):
+        """Core cache, basis and coordinates after taking this round's updates (not stored)."""
+        core_grads, coords = state["core_grads"], state["coords"]
+        in_core = (active[:, None] == state["core"][None, :])  # (m, k)
+        rows, pos = torch.nonzero(in_core, as_tuple=True)
+        basis = state["basis"]
+        if rows.numel():
+            core_grads = core_grads.clone()
+            core_grads[pos] = updates[rows]
+            basis = self._basis(core_grads)
+        due = (round_idx - state["last_refresh"][active]) >= int(self.spec.get("refresh_every"))
+        coords = coords.clone()
+        if bool(due.any()):
+            coords[active[due]] = self._coords(basis, updates[due])
+        return core_grads, basis, coords, due
+
+    # --- interface -------------------------------------------------------------------------
+    def aggregate(self, state, ctx, active, updates):
+        if self.spec.get("ordering") == "unbiased":
+            basis, coords = state["basis"], state["coords"]
+        else:
+            _, basis, coords, _ = self._refreshed(state, active, updates, state["round"])
+        return steered_update(basis, coords, ctx.weights, ctx.probs, active, updates)
+
+    def update(self, state, ctx, active, updates, steps, round_idx):
+        core_grads, basis, coords, due = self._refreshed(state, active, updates, round_idx)
+        state["core_grads"], state["basis"], state["coords"] = core_grads, basis, coords
+        state["last_refresh"][active[due]] = round_idx
+        state["round"] = round_idx + 1
+
+    def warmup_snapshot(self, state, ctx, grads, cycle, last):
+        k = int(self.spec.get("core_size"))
+        lam = float(self.spec.get("lam"))
+        if self.spec.get("selection") == "greedy":
+            candidates = None
+            n_sub = int(self.spec.get("subsample"))
+            if n_sub:
+                gen = np.random.default_rng([ctx.seed, 4, cycle])
+                candidates = sorted(gen.choice(ctx.num_clients, size=n_sub, replace=False).tolist())
+            trace = SwapTrace()
+            core = greedy_swap(grads, k, ctx.weights, lam, max_swaps=int(self.spec.get("max_swaps")),
+                               init=state["core"].tolist(), candidates=candidates, trace=trace)
+            state["core"] = torch.tensor(core, dtype=torch.long, device=ctx.device)
+            state["swap_trace"].append(list(trace))
+        if last:  # keep the caches from the final snapshot (paper §2.4)
+            state["core_grads"] = grads[state["core"]].clone()
+            state["basis"] = self._basis(state["core_grads"])
+            state["coords"] = self._coords(state["basis"], grads)
+
+    def estimates(self, state, ctx):
+        return state["coords"] @ state["basis"]
