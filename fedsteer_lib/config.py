@@ -148,7 +148,10 @@ def method(name: str, **params: Any) -> MethodSpec:
     """Build a MethodSpec, e.g. `method("fedsteer", core_size=40, lam=0.5)`."""
     if name not in METHODS:
         raise ConfigError(f"method must be one of {sorted(METHODS)}, got {name!r}")
-    return MethodSpec(name, tuple(sorted(params.items())))
+    unknown = sorted(set(params) - set(METHODS[name]))
+    if unknown:
+        raise ConfigError(f"{name} parameter must be one of {sorted(METHODS[name]) or '(none)'}, got {unknown}")
+    return MethodSpec(name, tuple(sorted({**METHODS[name], **params}.items())))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["normalized_basis", "ridge_coordinates", "steered_update", "update_variance", "reconstruct"]
+__all__ = ["normalized_basis", "ridge_coordinates", "ridge_from_gram", "steered_update", "update_variance", "reconstruct"]
 
 
 def normalized_basis(core_grads: torch.Tensor) -> torch.Tensor:
@@ -33,14 +33,18 @@ def ridge_coordinates(basis: torch.Tensor, grads: torch.Tensor, lam: float) -> t
         raise ValueError(f"lam (lambda) must be >= 0, got {lam}")
     if basis.shape[1] != grads.shape[1]:
         raise ValueError(f"basis has dimension {basis.shape[1]} but grads have {grads.shape[1]}")
-    gram = (basis @ basis.T).double()  # Q^T Q, (k, k)
-    rhs = (grads @ basis.T).double()  # rows are (Q^T g_i)^T, (m, k)
+    gram = basis @ basis.T  # Q^T Q, (k, k)
+    rhs = grads @ basis.T  # rows are (Q^T g_i)^T, (m, k)
+    return ridge_from_gram(gram, rhs, lam).to(grads.dtype)
+
+
+def ridge_from_gram(gram: torch.Tensor, rhs: torch.Tensor, lam: float) -> torch.Tensor:
+    """Eq. 3 given G = Q^T Q (k, k) and the rows Q^T g_i (m, k); solved in float64."""
+    gram, rhs = gram.double(), rhs.double()
     if lam > 0:
         eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-        coords = torch.linalg.solve(gram + lam * eye, rhs.T).T
-    else:
-        coords = rhs @ torch.linalg.pinv(gram, hermitian=True)
-    return coords.to(grads.dtype)
+        return torch.linalg.solve(gram + lam * eye, rhs.T).T
+    return rhs @ torch.linalg.pinv(gram, hermitian=True)
 
 
 def reconstruct(basis: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 
 from .config import MethodSpec
 from .coreset import SwapTrace, greedy_swap
-from .projection import ridge_coordinates, steered_update
+from .projection import ridge_from_gram, steered_update
 from .training import LocalSpec
 
 __all__ = ["ServerContext", "Strategy", "make_strategy", "register", "STRATEGIES", "State"]
@@ -236,9 +236,10 @@ class Scaffold(Strategy):
 class FedSteer(Strategy):
     """FedSteer (paper §2.2-2.4, Algorithm 2): corrective projections with selective caching.
 
-    State: the core set X (k client ids), their raw cached updates h_j (k, d), the normalised
-    basis Q_t (Eq. 1, rows), every client's coordinates s_i (N, k) and the round of its last
-    coordinate refresh. Memory O(N k + k d).
+    State: the core set X (k client ids), their cached updates h_j stored as the normalised
+    basis Q_t (Eq. 1, rows) plus the norms ||h_j||, the Gram matrix Q_t^T Q_t, every client's
+    coordinates s_i (N, k) and the round of its last coordinate refresh. Memory: k d + N k
+    floats plus O(k^2 + N).
 
     ordering="unbiased" (default): round t's Delta uses Q_t and the coordinates as they stood
     before the round, so E[Delta_t] = sum_i d_i g_i. Afterwards the cache takes this round's
@@ -256,57 +257,68 @@ class FedSteer(Strategy):
         core = torch.from_numpy(np.sort(gen.choice(ctx.num_clients, size=k, replace=False)))
         return {
             "core": core.to(ctx.device),
-            "core_grads": torch.zeros(k, ctx.dim, device=ctx.device),
-            "basis": torch.zeros(k, ctx.dim, device=ctx.device),
-            "coords": torch.zeros(ctx.num_clients, k, device=ctx.device),
+            "basis": torch.zeros(k, ctx.dim, device=ctx.device),  # Q_t as rows (Eq. 1): h_j / ||h_j||
+            "core_norms": torch.zeros(k, device=ctx.device),  # ||h_j||, so h_j = norm * basis row
+            "gram": torch.zeros(k, k, dtype=torch.float64, device=ctx.device),  # Q_t^T Q_t
+            "coords": torch.zeros(ctx.num_clients, k, device=ctx.device),  # s_i
             "last_refresh": torch.full((ctx.num_clients,), -10**9, dtype=torch.long, device=ctx.device),
             "swap_trace": [],
             "round": 0,
         }
 
     # --- helpers -------------------------------------------------------------------------
-    @staticmethod
-    def _basis(core_grads: torch.Tensor) -> torch.Tensor:
-        """Eq. 1 on the rows that have an update; zero rows stay zero (left out of Q)."""
-        norms = torch.linalg.vector_norm(core_grads, dim=1, keepdim=True)
-        return torch.where(norms > 0, core_grads / norms.clamp_min(1e-30), torch.zeros_like(core_grads))
-
-    def _coords(self, basis: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-        """Eq. 3 against the valid rows of the basis; coordinates on left-out rows are 0."""
-        valid = torch.linalg.vector_norm(basis, dim=1) > 0
-        out = torch.zeros(grads.shape[0], basis.shape[0], dtype=grads.dtype, device=grads.device)
+    def _solve(self, gram: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+        """Eq. 3 against the rows of Q that have an update; coordinates on left-out rows are 0."""
+        valid = gram.diagonal() > 0
+        out = torch.zeros(rhs.shape[0], gram.shape[0], dtype=torch.float32, device=rhs.device)
         if bool(valid.any()):
-            out[:, valid] = ridge_coordinates(basis[valid], grads, float(self.spec.get("lam")))
+            out[:, valid] = ridge_from_gram(gram[valid][:, valid], rhs[:, valid], float(self.spec.get("lam"))).float()
         return out
 
-    def _refreshed(self, state, active, updates, round_idx):
-        """Core cache, basis and coordinates after taking this round's updates (not stored)."""
-        core_grads, coords = state["core_grads"], state["coords"]
-        in_core = (active[:, None] == state["core"][None, :])  # (m, k)
-        rows, pos = torch.nonzero(in_core, as_tuple=True)
-        basis = state["basis"]
+    def _plan(self, state, active, updates):
+        """What this round changes, without changing it: the new basis rows of the active core
+        members (Eq. 1), the new Gram matrix, and fresh coordinates (Eq. 3) for the active
+        clients that are due a refresh. Cost O(|A| k d), never O(N d)."""
+        basis, gram = state["basis"], state["gram"]
+        rows, pos = torch.nonzero(active[:, None] == state["core"][None, :], as_tuple=True)
+        new_rows = updates[rows]
+        norms = torch.linalg.vector_norm(new_rows, dim=1, keepdim=True)
+        new_basis = torch.where(norms > 0, new_rows / norms.clamp_min(1e-30), torch.zeros_like(new_rows))
+        new_gram = gram
         if rows.numel():
-            core_grads = core_grads.clone()
-            core_grads[pos] = updates[rows]
-            basis = self._basis(core_grads)
-        due = (round_idx - state["last_refresh"][active]) >= int(self.spec.get("refresh_every"))
-        coords = coords.clone()
+            cross = (new_basis @ basis.T).double()  # new rows against the old basis
+            cross[:, pos] = (new_basis @ new_basis.T).double()
+            new_gram = gram.clone()
+            new_gram[pos, :] = cross
+            new_gram[:, pos] = cross.T
+        due = (state["round"] - state["last_refresh"][active]) >= int(self.spec.get("refresh_every"))
+        fresh = None
         if bool(due.any()):
-            coords[active[due]] = self._coords(basis, updates[due])
-        return core_grads, basis, coords, due
+            rhs = (updates[due] @ basis.T).double()  # Q'^T g_i, with the replaced rows patched in
+            if rows.numel():
+                rhs[:, pos] = (updates[due] @ new_basis.T).double()
+            fresh = self._solve(new_gram, rhs)
+        return pos, rows, new_basis, new_gram, due, fresh
 
     # --- interface -------------------------------------------------------------------------
     def aggregate(self, state, ctx, active, updates):
-        if self.spec.get("ordering") == "unbiased":
-            basis, coords = state["basis"], state["coords"]
-        else:
-            _, basis, coords, _ = self._refreshed(state, active, updates, state["round"])
+        basis, coords = state["basis"], state["coords"]
+        if self.spec.get("ordering") == "as_written":  # Q_t and s_i already include this round
+            pos, _, new_basis, _, due, fresh = self._plan(state, active, updates)
+            basis, coords = basis.clone(), coords.clone()
+            basis[pos] = new_basis
+            if fresh is not None:
+                coords[active[due]] = fresh
         return steered_update(basis, coords, ctx.weights, ctx.probs, active, updates)
 
     def update(self, state, ctx, active, updates, steps, round_idx):
-        core_grads, basis, coords, due = self._refreshed(state, active, updates, round_idx)
-        state["core_grads"], state["basis"], state["coords"] = core_grads, basis, coords
-        state["last_refresh"][active[due]] = round_idx
+        pos, rows, new_basis, new_gram, due, fresh = self._plan(state, active, updates)
+        state["core_norms"][pos] = torch.linalg.vector_norm(updates[rows], dim=1)
+        state["basis"][pos] = new_basis
+        state["gram"] = new_gram
+        if fresh is not None:
+            state["coords"][active[due]] = fresh
+            state["last_refresh"][active[due]] = round_idx
         state["round"] = round_idx + 1
 
     def warmup_snapshot(self, state, ctx, grads, cycle, last):
@@ -324,9 +336,12 @@ class FedSteer(Strategy):
             state["core"] = torch.tensor(core, dtype=torch.long, device=ctx.device)
             state["swap_trace"].append(list(trace))
         if last:  # keep the caches from the final snapshot (paper §2.4)
-            state["core_grads"] = grads[state["core"]].clone()
-            state["basis"] = self._basis(state["core_grads"])
-            state["coords"] = self._coords(state["basis"], grads)
+            core_grads = grads[state["core"]]
+            norms = torch.linalg.vector_norm(core_grads, dim=1, keepdim=True)
+            state["core_norms"] = norms.squeeze(1).clone()
+            state["basis"] = torch.where(norms > 0, core_grads / norms.clamp_min(1e-30), torch.zeros_like(core_grads))
+            state["gram"] = (state["basis"] @ state["basis"].T).double()
+            state["coords"] = self._solve(state["gram"], (grads @ state["basis"].T).double())
 
     def estimates(self, state, ctx):
         return state["coords"] @ state["basis"]

@@ -1,0 +1,84 @@
+# FedSteer Book. `make book` and `make test` each do their own set-up (venv, packages, data).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON   ?= python3
+VENV     := .venv
+PY       := $(VENV)/bin/python
+REQ_HASH := $(shell cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
+STAMP    := $(VENV)/.installed-$(REQ_HASH)
+PROFILE  ?= paper
+WORKERS  ?= 2
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
+CHAPTERS  := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(NOTEBOOKS))
+LIB       := $(wildcard fedsteer_lib/*.py)
+MATHJAX   := book/_static/mathjax/tex-chtml.js
+FMNIST_STAMP := data/.fmnist-ok
+
+.PHONY: help setup venv data book test lab reproduce book-html clean
+
+help:
+	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
+	@echo "make test       set up, then unit tests, nbval over every notebook, book build and browser check"
+	@echo "make lab        JupyterLab on notebooks/"
+	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
+
+venv: $(STAMP)
+$(STAMP): requirements.txt pyproject.toml
+	@echo "== setting up $(VENV) (torch comes from local disk where available)"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	{ $(PY) -m pip install -q -r requirements.txt 2>&1 || echo PIP_FAILED; } | { grep -v "is ignored: it is neither" || true; } | tee $(VENV)/pip.log
+	! grep -q PIP_FAILED $(VENV)/pip.log
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fedsteer)" > /dev/null
+	rm -f $(VENV)/.installed-* && touch $@
+
+data: $(FMNIST_STAMP)
+$(FMNIST_STAMP): | $(STAMP)
+	$(PY) -m fedsteer_lib data
+	touch $@
+
+setup: venv data $(MATHJAX)
+
+# MathJax 3 served from a local copy (the book renders offline).
+$(MATHJAX):
+	@echo "== fetching MathJax 3 from the npm registry into book/_static/mathjax"
+	mkdir -p .cache/npm
+	npm install --silent --no-audit --no-fund --prefix .cache/npm mathjax@3 > /dev/null
+	rm -rf book/_static/mathjax && mkdir -p book/_static
+	cp -r .cache/npm/node_modules/mathjax/es5 book/_static/mathjax
+
+# Each chapter is executed by papermill from its notebook; it loads cached results from
+# data/results and computes only what is missing.
+book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) | setup
+	@mkdir -p book/chapters
+	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $*.ipynb ../$@.tmp
+	mv $@.tmp $@
+
+book-html: | setup
+	$(VENV)/bin/jupyter-book build . --toc book/_toc.yml --config _config.yml -W -n --quiet
+	@echo "book: $(CURDIR)/_build/html/index.html"
+
+book: setup $(CHAPTERS)
+	$(MAKE) --no-print-directory book-html
+
+# The tests: the book is built from the committed notebooks (executed with the quick profile,
+# re-executed and checked by nbval below) and opened in headless Chromium; one pytest run
+# covers the unit tests, the browser check and nbval over every notebook.
+test: setup
+	rm -rf book/chapters && mkdir -p book/chapters && cp $(NOTEBOOKS) book/chapters/
+	$(MAKE) --no-print-directory book-html
+	rm -rf book/chapters
+	$(PY) -m pytest -p no:cacheprovider tests $(NOTEBOOKS) --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+reproduce: setup
+	$(PY) -m fedsteer_lib sweep --profile paper --dataset fmnist --what all --workers $(WORKERS)
+	$(MAKE) --no-print-directory book
+
+clean:
+	rm -rf _build book/chapters

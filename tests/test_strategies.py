@@ -1,0 +1,219 @@
+"""Every aggregation rule against a hand computation; unbiasedness by exact enumeration."""
+import itertools
+
+import pytest
+import torch
+
+from fedsteer_lib.config import ConfigError, method
+from fedsteer_lib.projection import normalized_basis, ridge_coordinates
+from fedsteer_lib.strategies import STRATEGIES, ServerContext, make_strategy
+
+N, D = 6, 9
+
+
+@pytest.fixture
+def ctx():
+    gen = torch.Generator().manual_seed(11)
+    weights = torch.rand(N, generator=gen) + 0.2
+    probs = torch.tensor([0.3, 0.6, 0.2, 0.5, 0.4, 0.7])
+    return ServerContext(weights=weights / weights.sum(), probs=probs, dim=D, device=torch.device("cpu"), client_lr=0.1)
+
+
+@pytest.fixture
+def grads():
+    return torch.randn(N, D, generator=torch.Generator().manual_seed(5))
+
+
+def _sets(probs):
+    for mask in itertools.product([False, True], repeat=len(probs)):
+        p = 1.0
+        for m, q in zip(mask, probs.tolist()):
+            p *= q if m else 1 - q
+        yield torch.tensor([i for i in range(len(probs)) if mask[i]], dtype=torch.long), p
+
+
+def _expectation(strategy, state, ctx, grads):
+    mean = torch.zeros(D, dtype=torch.float64)
+    for active, p in _sets(ctx.probs):
+        mean += p * strategy.aggregate(state, ctx, active, grads[active]).double()
+    return mean
+
+
+def _with_memory(strategy, ctx, seed=2):
+    state = strategy.init_state(ctx)
+    if "h" in state:
+        state["h"] = torch.randn(N, D, generator=torch.Generator().manual_seed(seed))
+    return state
+
+
+ACTIVE = torch.tensor([1, 3, 4])
+
+
+def test_fedavg_normalised_and_unbiased_by_hand(ctx, grads):
+    d, p = ctx.weights, ctx.probs
+    s = make_strategy(method("fedavg"))
+    expected = sum(d[i] * grads[i] for i in ACTIVE) / sum(d[i] for i in ACTIVE)
+    assert torch.allclose(s.aggregate({}, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-6)
+    assert torch.equal(s.aggregate({}, ctx, torch.tensor([], dtype=torch.long), torch.zeros(0, D)), torch.zeros(D))
+    u = make_strategy(method("fedavg_unbiased"))
+    expected = sum(d[i] / p[i] * grads[i] for i in ACTIVE)
+    assert torch.allclose(u.aggregate({}, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-6)
+
+
+def test_fedvarp_fedstale_mifa_by_hand(ctx, grads):
+    d, p = ctx.weights, ctx.probs
+    for name, kw in [("fedvarp", {}), ("fedstale", {"beta": 0.6})]:
+        s = make_strategy(method(name, **kw))
+        state = _with_memory(s, ctx)
+        h = state["h"]
+        beta = kw.get("beta", 1.0)
+        expected = sum(d[i] / p[i] * grads[i] for i in ACTIVE) + beta * (
+            sum(d[i] * h[i] for i in range(N)) - sum(d[i] / p[i] * h[i] for i in ACTIVE))
+        assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-5), name
+        s.update(state, ctx, ACTIVE, grads[ACTIVE], torch.ones(3, dtype=torch.long), 0)
+        assert torch.equal(state["h"][ACTIVE], grads[ACTIVE])
+    s = make_strategy(method("mifa"))
+    state = _with_memory(s, ctx)
+    refreshed = state["h"].clone()
+    refreshed[ACTIVE] = grads[ACTIVE]
+    assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), d @ refreshed, atol=1e-6)
+
+
+def test_fedstale_interpolates_fedavg_and_fedvarp(ctx, grads):
+    state = _with_memory(make_strategy(method("fedvarp")), ctx)
+    varp = make_strategy(method("fedvarp")).aggregate(state, ctx, ACTIVE, grads[ACTIVE])
+    stale1 = make_strategy(method("fedstale", beta=1.0)).aggregate(state, ctx, ACTIVE, grads[ACTIVE])
+    stale0 = make_strategy(method("fedstale", beta=0.0)).aggregate(state, ctx, ACTIVE, grads[ACTIVE])
+    unbiased = make_strategy(method("fedavg_unbiased")).aggregate({}, ctx, ACTIVE, grads[ACTIVE])
+    assert torch.allclose(varp, stale1) and torch.allclose(stale0, unbiased)
+
+
+@pytest.mark.parametrize("name,kw", [("fedavg_unbiased", {}), ("fedvarp", {}), ("fedstale", {"beta": 0.7}),
+                                     ("fedsteer", {"core_size": 3, "lam": 0.5})])
+def test_unbiased_estimators(ctx, grads, name, kw):
+    s = make_strategy(method(name, **kw))
+    state = _with_memory(s, ctx)
+    if name == "fedsteer":
+        _fill_fedsteer(s, state, ctx)
+    mean = _expectation(s, state, ctx, grads)
+    assert torch.allclose(mean, (ctx.weights @ grads).double(), atol=1e-5)
+
+
+def _fill_fedsteer(s, state, ctx, seed=9):
+    """A FedSteer state as after some rounds: cached core updates and coordinates."""
+    gen = torch.Generator().manual_seed(seed)
+    core_grads = torch.randn(3, D, generator=gen)
+    state["core_norms"] = core_grads.norm(dim=1)
+    state["basis"] = normalized_basis(core_grads)
+    state["gram"] = (state["basis"] @ state["basis"].T).double()
+    state["coords"] = ridge_coordinates(state["basis"], torch.randn(N, D, generator=gen), 0.5)
+
+
+def test_fedsteer_as_written_ordering_is_biased(ctx, grads):
+    s = make_strategy(method("fedsteer", core_size=3, lam=0.5, ordering="as_written"))
+    state = s.init_state(ctx)
+    _fill_fedsteer(s, state, ctx)
+    bias = float((_expectation(s, state, ctx, grads) - (ctx.weights @ grads).double()).norm())
+    assert bias > 1e-3 * float((ctx.weights @ grads).norm())
+
+
+def test_fedsteer_aggregate_is_eq4_and_update_refreshes_cache(ctx, grads):
+    s = make_strategy(method("fedsteer", core_size=3, lam=0.5))
+    state = s.init_state(ctx)
+    _fill_fedsteer(s, state, ctx)
+    d, p = ctx.weights, ctx.probs
+    q = state["basis"].T
+    expected = sum(d[i] * q @ state["coords"][i] for i in range(N)) + sum(
+        d[i] / p[i] * (grads[i] - q @ state["coords"][i]) for i in ACTIVE)
+    assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-5)
+
+    state["core"] = torch.tensor([0, 3, 5])  # client 3 is a core member and active
+    s.update(state, ctx, ACTIVE, grads[ACTIVE], torch.ones(3, dtype=torch.long), round_idx=0)
+    raw = state["basis"] * state["core_norms"][:, None]  # h_j = ||h_j|| * basis row
+    assert torch.allclose(raw[1], grads[3], atol=1e-6)
+    fresh_basis = normalized_basis(raw)
+    assert torch.allclose(state["basis"], fresh_basis, atol=1e-6)
+    assert torch.allclose(state["gram"], (fresh_basis @ fresh_basis.T).double(), atol=1e-6)
+    assert torch.allclose(state["coords"][ACTIVE], ridge_coordinates(fresh_basis, grads[ACTIVE], 0.5), atol=1e-5)
+    assert state["last_refresh"][ACTIVE].tolist() == [0, 0, 0]
+
+
+def test_fedsteer_refresh_every_limits_coordinate_updates(ctx, grads):
+    s = make_strategy(method("fedsteer", core_size=3, lam=0.5, refresh_every=5))
+    state = s.init_state(ctx)
+    _fill_fedsteer(s, state, ctx)
+    steps = torch.ones(3, dtype=torch.long)
+    s.update(state, ctx, ACTIVE, grads[ACTIVE], steps, round_idx=0)
+    after_first = state["coords"].clone()
+    s.update(state, ctx, ACTIVE, 2 * grads[ACTIVE], steps, round_idx=1)  # within 5 rounds: kept
+    assert torch.equal(state["coords"][ACTIVE], after_first[ACTIVE])
+    state["round"] = 5
+    s.update(state, ctx, ACTIVE, 2 * grads[ACTIVE], steps, round_idx=5)  # due again
+    assert not torch.equal(state["coords"][ACTIVE], after_first[ACTIVE])
+
+
+def test_fedsteer_leaves_zero_core_rows_out_of_q(ctx, grads):
+    s = make_strategy(method("fedsteer", core_size=3, lam=0.5))
+    state = s.init_state(ctx)  # nothing cached yet: Delta is unbiased FedAvg
+    unbiased = make_strategy(method("fedavg_unbiased")).aggregate({}, ctx, ACTIVE, grads[ACTIVE])
+    assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), unbiased, atol=1e-6)
+    state["core"] = torch.tensor([1, 2, 5])
+    s.update(state, ctx, ACTIVE, grads[ACTIVE], torch.ones(3, dtype=torch.long), 0)
+    assert torch.equal(state["basis"][1:], torch.zeros(2, D))  # core 2 and 5 were not active
+    assert torch.equal(state["coords"][ACTIVE][:, 1:], torch.zeros(3, 2))
+    assert torch.allclose(state["coords"][ACTIVE][:, 0].double(),
+                          ridge_coordinates(normalized_basis(grads[[1]]), grads[ACTIVE], 0.5)[:, 0].double(), atol=1e-5)
+
+
+def test_remark2_fedsteer_strategy_with_all_clients_and_one_hot_coords_equals_fedvarp(ctx, grads):
+    steer = make_strategy(method("fedsteer", core_size=N, lam=0.5))
+    state = steer.init_state(ctx)
+    h = torch.randn(N, D, generator=torch.Generator().manual_seed(4))
+    state["core"] = torch.arange(N)
+    state["basis"] = normalized_basis(h)
+    state["coords"] = torch.diag(h.norm(dim=1))
+    varp = make_strategy(method("fedvarp"))
+    assert torch.allclose(steer.aggregate(state, ctx, ACTIVE, grads[ACTIVE]),
+                          varp.aggregate({"h": h}, ctx, ACTIVE, grads[ACTIVE]), atol=1e-5)
+
+
+def test_scaffold_control_variates_by_hand(ctx, grads):
+    s = make_strategy(method("scaffold"))
+    state = s.init_state(ctx)
+    state["c"] = torch.randn(D, generator=torch.Generator().manual_seed(1))
+    state["c_i"] = torch.randn(N, D, generator=torch.Generator().manual_seed(2))
+    c_old, ci_old = state["c"].clone(), state["c_i"].clone()
+    spec = s.local_spec(state, 4)
+    assert torch.allclose(spec.correction, c_old - ci_old[4])
+    steps = torch.tensor([3, 5, 2])
+    s.update(state, ctx, ACTIVE, grads[ACTIVE], steps, 0)
+    c_expected = c_old.clone()
+    for j, i in enumerate(ACTIVE.tolist()):
+        new = ci_old[i] - c_old + grads[i] / (steps[j] * ctx.client_lr)
+        assert torch.allclose(state["c_i"][i], new, atol=1e-5)
+        c_expected += (new - ci_old[i]) / N
+    assert torch.allclose(state["c"], c_expected, atol=1e-5)
+    assert torch.equal(state["c_i"][0], ci_old[0])
+
+
+def test_fedprox_and_full_participation(ctx):
+    assert make_strategy(method("fedprox")).local_spec({}, 0).prox_mu == 0.1
+    assert make_strategy(method("fedprox", mu=0.3)).local_spec({}, 0).prox_mu == 0.3
+    full = make_strategy(method("full"))
+    assert torch.equal(full.participation_probs(ctx.probs), torch.ones(N))
+
+
+def test_every_method_is_registered_and_reports_memory(ctx):
+    from fedsteer_lib.config import METHODS
+
+    assert set(STRATEGIES) == set(METHODS)
+    big = ServerContext(weights=torch.full((100,), 0.01), probs=torch.full((100,), 0.1), dim=1000,
+                        device=torch.device("cpu"), client_lr=0.1)
+    varp = make_strategy(method("fedvarp"))
+    steer = make_strategy(method("fedsteer", core_size=10))
+    assert varp.memory_bytes(varp.init_state(big)) == 100 * 1000 * 4
+    # FedSteer: k*d cached (normalised) updates + N*k coordinates + k*k Gram + O(N + k)
+    steer_bytes = steer.memory_bytes(steer.init_state(big))
+    assert steer_bytes == 10 * 1000 * 4 + 100 * 10 * 4 + 10 * 10 * 8 + 100 * 8 + 10 * 8 + 10 * 4
+    with pytest.raises(ConfigError, match="method must be one of"):
+        method("fedsomething")
