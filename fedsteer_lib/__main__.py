@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
 
+    from .book import results_root
     from .results import RESULTS_DIR
     from .sweep import missing, run_grid
 
-    root = args.results or RESULTS_DIR
     if args.command == "tune":
+        root = args.results or RESULTS_DIR
         from .tuning import select, tuning_configs, tuning_table
 
         configs = tuning_configs(args.dataset, device=args.device)
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(select(table)))
         return 0
 
+    root = args.results or results_root(args.profile)
     groups = _sweep_configs(args)
     if args.command == "status":
         for name, configs in groups.items():

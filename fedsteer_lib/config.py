@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = [
     "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHODS", "PROFILES",
-    "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods",
+    "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile",
 ]
 
 
@@ -91,9 +91,9 @@ class Training:
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {},                       # normalised average of the active clients (the tables' FedAvg)
     "fedavg_unbiased": {},              # sum_{i in A} d_i / p_i g_i
-    "fedvarp": {"warm_start": False},   # warm_start: memory h starts from FedSteer's warm-up snapshot
+    "fedvarp": {"warmup_cycles": 0},    # > 0: fair-start check, memory h from the same warm-up snapshot as FedSteer
     "fedstale": {"beta": 0.7},
-    "mifa": {"warm_start": False},
+    "mifa": {"warmup_cycles": 0},
     "scaffold": {},
     "fedprox": {"mu": 0.1},
     "full": {},                         # full participation: every client every round
@@ -247,9 +247,37 @@ def paper_methods(dataset: str) -> list[MethodSpec]:
     )
 
 
-# Profiles: `paper` is the paper's setting; `quick` runs every code path for real at a size
-# that lets all notebooks finish in minutes on 2 CPU cores (fewer rounds and seeds).
-PROFILES: dict[str, dict[str, Any]] = {
-    "paper": {"rounds": 150, "seeds": tuple(range(8)), "gammas": (0.7, 0.9)},
-    "quick": {"rounds": 20, "seeds": (0,), "gammas": (0.9,)},
+@dataclass(frozen=True)
+class Profile:
+    """How big a notebook's computations are. `paper` is the paper's setting; `quick` runs
+    every code path for real at a size that lets all notebooks finish in minutes on 2 CPU
+    cores: fewer rounds, one seed, gamma = 0.9 only, 2 warm-up cycles instead of 5, and a
+    separate (uncommitted) results cache so that it is always computed afresh."""
+
+    name: str
+    rounds: int
+    seeds: tuple[int, ...]
+    gammas: tuple[float, ...]
+    warmup_cycles: int
+    eval_every: int
+    eval_last: int
+    results_dir: str  # relative to the repository root
+    probe_every: int  # diagnostics runs: rounds between probes
+    ablation_seeds: int  # seeds used by the larger ablation grids (Fig. 5)
+    coreset_sizes: tuple[int, ...]  # Fig. 5's |X| axis
+
+
+PROFILES: dict[str, Profile] = {
+    "paper": Profile("paper", rounds=150, seeds=tuple(range(8)), gammas=(0.7, 0.9), warmup_cycles=5,
+                     eval_every=5, eval_last=10, results_dir="data/results", probe_every=10,
+                     ablation_seeds=2, coreset_sizes=(10, 20, 40, 80)),
+    "quick": Profile("quick", rounds=10, seeds=(0,), gammas=(0.9,), warmup_cycles=2,
+                     eval_every=5, eval_last=2, results_dir=".cache/results-quick", probe_every=5,
+                     ablation_seeds=1, coreset_sizes=(5, 20)),
 }
+
+
+def get_profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise ConfigError(f"profile must be one of {sorted(PROFILES)}, got {name!r}")
+    return PROFILES[name]

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
-from .config import RunConfig
+from .config import RunConfig, Training
 from .data import load_dataset
 from .models import build_model
 from .partition import Federation, build_federation, participation_schedule, rng
@@ -35,9 +35,10 @@ def _torch_gen(seed: int, stream: int) -> torch.Generator:
 
 @dataclass
 class SimData:
-    """Everything a run needs besides the strategy: model, normalised client data, eval set."""
+    """Everything a run needs besides the strategy and training settings: model, normalised
+    client data, eval set. Runs that differ only in method or training share one."""
 
-    config: RunConfig
+    config: RunConfig  # the config it was prepared for; only its data part matters
     federation: Federation
     flat_model: FlatModel
     initial_weights: torch.Tensor
@@ -80,10 +81,11 @@ def prepare(config: RunConfig, data_root: str | None = None) -> SimData:
                    eval_images, eval_labels, splits.num_classes)
 
 
-def client_updates(sim: SimData, weights: torch.Tensor, clients: list[int], generator: torch.Generator,
-                   strategy: Strategy | None = None, state: dict | None = None):
-    """Local training of `clients` from `weights`; returns (updates (m, d), steps (m,), losses)."""
-    tr = sim.config.training
+def client_updates(sim: SimData, training: Training, weights: torch.Tensor, clients: list[int],
+                   generator: torch.Generator, strategy: Strategy | None = None, state: dict | None = None):
+    """Local training of `clients` from `weights` with the `training` settings;
+    returns (updates (m, d), steps (m,), losses)."""
+    tr = training
     updates, steps, losses = [], [], []
     for i in clients:
         spec = strategy.local_spec(state, i) if strategy is not None else None
@@ -108,17 +110,17 @@ class RunResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _probe(sim, strategy, state, ctx, weights, t, last_seen, memory, generator, prob_gen) -> list[dict]:
+def _probe(sim, config, strategy, state, ctx, weights, t, last_seen, memory, generator, prob_gen) -> list[dict]:
     """Diagnostics at w_t: every client's true update, the aggregation variance of this
     method's estimator (Monte Carlo over participation draws; exact where Eq. 4's form
     applies) and the directional misalignment of stale and estimated updates."""
     n = ctx.num_clients
-    true, _, _ = client_updates(sim, weights, list(range(n)), generator, strategy, state)
+    true, _, _ = client_updates(sim, config.training, weights, list(range(n)), generator, strategy, state)
     target = ctx.weights @ true
     probs = ctx.probs.double().cpu().numpy()
     mean = torch.zeros_like(target, dtype=torch.float64)
     sq_err, sq_norm = 0.0, 0.0
-    samples = sim.config.diagnostics.probe_mc_samples
+    samples = config.diagnostics.probe_mc_samples
     for _ in range(samples):
         active = torch.from_numpy(np.nonzero(prob_gen.random(n) < probs)[0]).to(weights.device)
         delta = strategy.aggregate(state, ctx, active, true[active]).double()
@@ -142,16 +144,16 @@ def _probe(sim, strategy, state, ctx, weights, t, last_seen, memory, generator, 
     return rows
 
 
-def _warmup(sim: SimData, strategy: Strategy, state: dict, ctx: ServerContext, progress: bool) -> float:
+def _warmup(sim: SimData, config: RunConfig, strategy: Strategy, state: dict, ctx: ServerContext, progress: bool) -> float:
     """Paper §2.4: T0 selection cycles at a fixed model, each followed by a full-participation
     step. Returns its wall time. The caller restarts training from the initial weights."""
-    tr = sim.config.training
-    gen = _torch_gen(sim.config.seed, _WARMUP)
+    tr = config.training
+    gen = _torch_gen(config.seed, _WARMUP)
     weights = sim.initial_weights.clone()
     start = time.perf_counter()
     cycles = strategy.warmup_cycles
     for cycle in tqdm(range(cycles), desc="warm-up", disable=not progress, leave=False):
-        grads, _, _ = client_updates(sim, weights, list(range(ctx.num_clients)), gen)
+        grads, _, _ = client_updates(sim, tr, weights, list(range(ctx.num_clients)), gen)
         strategy.warmup_snapshot(state, ctx, grads, cycle, last=cycle == cycles - 1)
         weights = weights - tr.server_lr * (ctx.weights @ grads)
     return time.perf_counter() - start
@@ -170,7 +172,7 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
                         dim=sim.flat_model.dim, device=device, client_lr=tr.client_lr, seed=config.seed)
     state = strategy.init_state(ctx)
     t_start = time.perf_counter()
-    warmup_time = _warmup(sim, strategy, state, ctx, progress) if strategy.warmup_cycles else 0.0
+    warmup_time = _warmup(sim, config, strategy, state, ctx, progress) if strategy.warmup_cycles else 0.0
 
     schedule = participation_schedule(eff_probs, tr.rounds, config.seed)
     batch_gen, probe_gen = _torch_gen(config.seed, _BATCHES), _torch_gen(config.seed, _PROBE)
@@ -193,12 +195,12 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
         active_ids = torch.nonzero(schedule[t]).flatten().tolist()
         participation.append(active_ids)
         t0 = time.perf_counter()
-        updates, steps, losses = client_updates(sim, weights, active_ids, batch_gen, strategy, state)
+        updates, steps, losses = client_updates(sim, tr, weights, active_ids, batch_gen, strategy, state)
         timing["client"] += time.perf_counter() - t0
         active = torch.tensor(active_ids, dtype=torch.long, device=device)
         if diag.probe_every and t % diag.probe_every == 0:
             t0 = time.perf_counter()
-            probes.extend(_probe(sim, strategy, state, ctx, weights, t, last_seen, memory, probe_gen, prob_rng))
+            probes.extend(_probe(sim, config, strategy, state, ctx, weights, t, last_seen, memory, probe_gen, prob_rng))
             timing["probe"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         delta = strategy.aggregate(state, ctx, active, updates)

@@ -11,56 +11,57 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
-from .config import DATASET_DEFAULTS, PROFILES, TUNED, Diagnostics, FLSystem, MethodSpec, RunConfig, method, paper_methods
+from dataclasses import replace
+
+from .config import (DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, get_profile,
+                     method, paper_methods)
 from .engine import SimData, prepare, run
 from .results import has_run, save_run
 
 __all__ = ["grid", "run_grid", "paper_grid", "ablation_grid", "missing"]
 
 
-def grid(dataset: str, methods: Sequence[MethodSpec], gammas: Iterable[float], seeds: Iterable[int], *,
-         rounds: int | None = None, device: str = "cpu", system: FLSystem | None = None,
-         diagnostics: Diagnostics | None = None) -> list[RunConfig]:
-    """The cross product methods x gammas x seeds, with the frozen (tuned) training settings."""
-    training = TUNED[dataset]
-    if rounds is not None:
-        training = training.__class__(**{**training.__dict__, "rounds": rounds})
+def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "paper", *,
+         gammas: Iterable[float] | None = None, seeds: Iterable[int] | None = None, device: str = "cpu",
+         system: FLSystem | None = None, diagnostics: Diagnostics | None = None) -> list[RunConfig]:
+    """methods x gammas x seeds with the frozen (tuned) training settings and the profile's
+    rounds, evaluation schedule and warm-up length (gammas and seeds default to the profile's)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    training = replace(TUNED[dataset], rounds=prof.rounds, eval_every=prof.eval_every, eval_last=prof.eval_last)
     base_system = system or FLSystem()
     configs = []
-    for gamma in gammas:
-        sys_g = base_system.__class__(**{**base_system.__dict__, "gamma": gamma})
-        for seed in seeds:
+    for gamma in (prof.gammas if gammas is None else gammas):
+        for seed in (prof.seeds if seeds is None else seeds):
             for m in methods:
-                configs.append(RunConfig(dataset=dataset, method=m, system=sys_g, training=training, seed=seed,
-                                         diagnostics=diagnostics or Diagnostics(), device=device,
-                                         emnist_split=DATASET_DEFAULTS[dataset].get("split", "balanced")).validate())
+                if m.get("warmup_cycles"):
+                    m = replace(m, params=tuple(sorted({**dict(m.params), "warmup_cycles": prof.warmup_cycles}.items())))
+                configs.append(RunConfig(dataset=dataset, method=m, system=replace(base_system, gamma=gamma),
+                                         training=training, seed=seed, diagnostics=diagnostics or Diagnostics(),
+                                         device=device, emnist_split=DATASET_DEFAULTS[dataset].get("split", "balanced")).validate())
     return configs
 
 
 def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> list[RunConfig]:
-    """Table 1 / Fig. 4: every method of the paper, both gammas, all seeds of the profile."""
-    p = PROFILES[profile]
-    return grid(dataset, paper_methods(dataset), p["gammas"], p["seeds"], rounds=p["rounds"], device=device)
+    """Table 1 / Fig. 4: every method of the paper, the profile's gammas and seeds."""
+    return grid(dataset, paper_methods(dataset), profile, device=device)
 
 
 def ablation_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> dict[str, list[RunConfig]]:
     """The ablations of the book's chapter 7, by name."""
-    p = PROFILES[profile]
+    prof = get_profile(profile)
     dd = DATASET_DEFAULTS[dataset]
     k, lam = dd["core_size"], dd["lam"]
-    seeds = p["seeds"]
-    few = seeds[: max(1, len(seeds) // 4)]  # Fig. 5's grid uses fewer seeds (stated in the book)
-    sizes = (10, 20, 40, 80) if profile == "paper" else (5, 20)
-    kw = dict(rounds=p["rounds"], device=device)
+    few = prof.seeds[: prof.ablation_seeds]  # Fig. 5's grid uses fewer seeds (stated in the book)
+    kw = dict(profile=prof, device=device)
     return {
-        "coreset_lambda": grid(dataset, [method("fedsteer", core_size=s, lam=l, refresh_every=5) for s in sizes for l in (0.0, 0.5)],
-                               p["gammas"], few, **kw),
-        "subsampled": grid(dataset, [method("fedsteer", core_size=k, lam=lam, subsample=20)], p["gammas"], seeds, **kw),
-        "random_core": grid(dataset, [method("fedsteer", core_size=k, lam=lam, selection="random")], p["gammas"], seeds, **kw),
-        "ordering": grid(dataset, [method("fedsteer", core_size=k, lam=lam, ordering="as_written")], p["gammas"], seeds, **kw),
-        "fair_start": grid(dataset, [method("fedvarp", warmup_cycles=5), method("mifa", warmup_cycles=5)], p["gammas"], seeds, **kw),
+        "coreset_lambda": grid(dataset, [method("fedsteer", core_size=s, lam=l, refresh_every=5)
+                                         for s in prof.coreset_sizes for l in (0.0, 0.5)], seeds=few, **kw),
+        "subsampled": grid(dataset, [method("fedsteer", core_size=k, lam=lam, subsample=20)], **kw),
+        "random_core": grid(dataset, [method("fedsteer", core_size=k, lam=lam, selection="random")], **kw),
+        "ordering": grid(dataset, [method("fedsteer", core_size=k, lam=lam, ordering="as_written")], **kw),
+        "fair_start": grid(dataset, [method("fedvarp", warmup_cycles=5), method("mifa", warmup_cycles=5)], **kw),
     }
 
 
@@ -91,9 +92,10 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
     """Compute every config whose result is missing; returns how many were computed.
 
     workers > 1 runs that many processes, each with its share of the CPU threads.
-    Runs are ordered so that consecutive runs share data (same dataset, gamma and seed).
+    Runs are ordered by seed first (a partial sweep covers every method), and consecutive
+    runs share data (same dataset, seed and gamma).
     """
-    todo = sorted(missing(configs, root), key=lambda c: (c.dataset, c.system.gamma, c.seed))
+    todo = sorted(missing(configs, root), key=lambda c: (c.dataset, c.seed, c.system.gamma))
     if not todo:
         return 0
     root_s = None if root is None else str(root)

@@ -46,6 +46,14 @@ def test_same_seed_is_bit_identical(sim):
     assert repr(c.history) != repr(a.history)
 
 
+def test_shared_sim_uses_each_runs_own_training_settings(sim):
+    base = run(_config("fedavg"), progress=False, sim=sim)
+    other = _config("fedavg").replace(training=Training(rounds=6, local_epochs=2, client_lr=0.01, eval_every=3, eval_last=1))
+    shared = run(other, progress=False, sim=sim)
+    fresh = run(other, progress=False)
+    assert repr(shared.history) == repr(fresh.history) != repr(base.history)
+
+
 def test_methods_share_the_participation_sequence(sim):
     a = run(_config("fedavg"), progress=False, sim=sim)
     b = run(_config("fedvarp"), progress=False, sim=sim)

@@ -1,0 +1,77 @@
+"""What the notebooks share: the profile, where its results live, and computing missing runs.
+
+Every notebook starts from its own parameters cell (papermill) and calls `setup(...)`; there
+is no state shared between notebooks other than the results cache on disk.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+import pandas as pd
+import seaborn as sns
+
+from .config import Profile, RunConfig, get_profile
+from .results import history_table, runs_table
+from .sweep import missing, run_grid
+
+__all__ = ["REPO_ROOT", "Book", "setup", "results_root"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def results_root(profile: str | Profile) -> Path:
+    """The results cache of a profile (`paper`: data/results, committed; `quick`: .cache/, not committed)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    env = os.environ.get("FEDSTEER_RESULTS")
+    return Path(env) if env and prof.name == "paper" else REPO_ROOT / prof.results_dir
+
+
+@dataclass
+class Book:
+    """A notebook's context: its profile, dataset, seeds, device and results cache."""
+
+    profile: Profile
+    dataset: str
+    seeds: tuple[int, ...]
+    device: str
+    workers: int
+    root: Path
+
+    def ensure(self, configs: Sequence[RunConfig], desc: str = "runs") -> list[RunConfig]:
+        """Compute the runs whose results are missing (with a progress bar); return the configs."""
+        todo = missing(configs, self.root)
+        if todo:
+            print(f"{len(configs) - len(todo)} of {len(configs)} runs cached in {self.root.relative_to(REPO_ROOT) if self.root.is_relative_to(REPO_ROOT) else self.root}; computing {len(todo)}")
+        run_grid(configs, self.root, workers=self.workers, desc=desc)
+        return list(configs)
+
+    def runs(self, configs: Sequence[RunConfig], desc: str = "runs") -> pd.DataFrame:
+        """One row per run (computing the missing ones first)."""
+        return runs_table(self.ensure(configs, desc), self.root)
+
+    def curves(self, configs: Sequence[RunConfig]) -> pd.DataFrame:
+        """One row per (run, round) (the runs must exist)."""
+        return history_table(configs, self.root)
+
+
+def setup(profile: str = "quick", dataset: str = "fmnist", seeds: Sequence[int] | None = None,
+          device: str = "cpu", workers: int = 1) -> Book:
+    """Validate a notebook's parameters, set the plotting style and return its context."""
+    from .config import DATASET_DEFAULTS, ConfigError
+
+    prof = get_profile(profile)
+    if dataset not in DATASET_DEFAULTS:
+        raise ConfigError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {dataset!r}")
+    if workers < 1:
+        raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
+    seeds = tuple(prof.seeds if seeds is None else seeds)
+    if prof.seeds != seeds:
+        from dataclasses import replace
+        prof = replace(prof, seeds=seeds)
+    matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 110, "figure.figsize": (7.0, 4.0)})
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+    return Book(prof, dataset, seeds, device, workers, results_root(prof))
