@@ -1,0 +1,70 @@
+"""The sweep runner: results are written atomically; a sweep killed with SIGKILL and restarted
+loses no finished run and gives the same table as one that was never interrupted."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fedsteer_lib.config import FLSystem, RunConfig, Training, method
+from fedsteer_lib.results import runs_table
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from fedsteer_lib.config import FLSystem, RunConfig, Training, method
+    from fedsteer_lib.sweep import run_grid
+    configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=s,
+                         training=Training(rounds=3, local_epochs=1, eval_every=3, eval_last=1))
+               for s in (0, 1) for m in ("fedavg", "fedvarp", "mifa", "fedavg_unbiased")]
+    run_grid(configs, sys.argv[1], progress=False)
+""")
+
+
+def _configs():
+    return [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=s,
+                      training=Training(rounds=3, local_epochs=1, eval_every=3, eval_last=1))
+            for s in (0, 1) for m in ("fedavg", "fedvarp", "mifa", "fedavg_unbiased")]
+
+
+def _sweep(root: Path, script: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, str(script), str(root)], env=env)
+
+
+def test_killed_sweep_resumes_without_losing_runs(tmp_path):
+    script = tmp_path / "sweep.py"
+    script.write_text(SCRIPT)
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    proc = _sweep(killed, script)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list((killed / "runs").glob("[0-9a-f]*.json"))) < 2:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = sorted(p.name for p in (killed / "runs").glob("[0-9a-f]*.json"))
+    assert 2 <= len(done_before) < 8, done_before
+    for p in (killed / "runs").glob("[0-9a-f]*.json"):  # every finished file is complete JSON
+        json.loads(p.read_text())
+    mtimes = {p: p.stat().st_mtime_ns for p in (killed / "runs").glob("[0-9a-f]*.json")}
+
+    assert _sweep(killed, script).wait() == 0  # resume
+    assert _sweep(clean, script).wait() == 0  # never interrupted
+    for p, mtime in mtimes.items():  # finished runs were not recomputed
+        assert p.stat().st_mtime_ns == mtime
+    cols = ["key", "label", "seed", "final_accuracy", "final_loss", "collapsed"]
+    resumed = runs_table(_configs(), killed)[cols]
+    fresh = runs_table(_configs(), clean)[cols]
+    assert len(resumed) == 8
+    assert resumed.equals(fresh)
+
+
+def test_missing_result_is_a_clear_error(tmp_path):
+    from fedsteer_lib.results import load_run
+
+    with pytest.raises(FileNotFoundError, match="no result for run"):
+        load_run(_configs()[0], tmp_path)
