@@ -267,6 +267,12 @@ class FedSteer(Strategy):
         }
 
     # --- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _unit_rows(rows: torch.Tensor) -> torch.Tensor:
+        """Eq. 1 row by row; a zero row (no update cached yet) stays zero and is left out of Q."""
+        norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        return torch.where(norms > 0, rows / norms.clamp_min(1e-30), torch.zeros_like(rows))
+
     def _solve(self, gram: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
         """Eq. 3 against the rows of Q that have an update; coordinates on left-out rows are 0."""
         valid = gram.diagonal() > 0
@@ -281,9 +287,7 @@ class FedSteer(Strategy):
         clients that are due a refresh. Cost O(|A| k d), never O(N d)."""
         basis, gram = state["basis"], state["gram"]
         rows, pos = torch.nonzero(active[:, None] == state["core"][None, :], as_tuple=True)
-        new_rows = updates[rows]
-        norms = torch.linalg.vector_norm(new_rows, dim=1, keepdim=True)
-        new_basis = torch.where(norms > 0, new_rows / norms.clamp_min(1e-30), torch.zeros_like(new_rows))
+        new_basis = self._unit_rows(updates[rows])
         new_gram = gram
         if rows.numel():
             cross = (new_basis @ basis.T).double()  # new rows against the old basis
@@ -337,9 +341,8 @@ class FedSteer(Strategy):
             state["swap_trace"].append(list(trace))
         if last:  # keep the caches from the final snapshot (paper §2.4)
             core_grads = grads[state["core"]]
-            norms = torch.linalg.vector_norm(core_grads, dim=1, keepdim=True)
-            state["core_norms"] = norms.squeeze(1).clone()
-            state["basis"] = torch.where(norms > 0, core_grads / norms.clamp_min(1e-30), torch.zeros_like(core_grads))
+            state["core_norms"] = torch.linalg.vector_norm(core_grads, dim=1)
+            state["basis"] = self._unit_rows(core_grads)
             state["gram"] = (state["basis"] @ state["basis"].T).double()
             state["coords"] = self._solve(state["gram"], (grads @ state["basis"].T).double())
 
