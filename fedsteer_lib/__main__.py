@@ -22,6 +22,11 @@ def _sweep_configs(args) -> dict[str, list]:
         groups["main"] = paper_grid(args.dataset, args.profile, args.device)
     if args.what in ("ablations", "all"):
         groups.update(ablation_grid(args.dataset, args.profile, args.device))
+    if args.what in ("diagnostics", "all"):
+        from .diagnostics import convergence_grid, stability_grid
+
+        groups["convergence_probes"] = convergence_grid(args.dataset, args.profile, device=args.device)
+        groups["coordinate_stability"] = list(stability_grid(args.dataset, args.profile, device=args.device).values())
     return groups
 
 
@@ -38,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--results", default=None, help="results directory (default data/results)")
         if name != "tune":
             p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
-            p.add_argument("--what", choices=("main", "ablations", "all"), default="all")
+            p.add_argument("--what", choices=("main", "ablations", "diagnostics", "all"), default="all")
     args = parser.parse_args(argv)
 
     if args.command == "data":
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = _sweep_configs(args)
     if args.command == "status":
         for name, configs in groups.items():
-            print(f"{name:15s} {len(configs) - len(missing(configs, root)):4d} / {len(configs):4d} runs cached")
+            print(f"{name:22s} {len(configs) - len(missing(configs, root)):4d} / {len(configs):4d} runs cached")
         return 0
     for name, configs in groups.items():
         n = run_grid(configs, root, workers=args.workers, desc=name)

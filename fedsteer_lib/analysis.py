@@ -43,7 +43,9 @@ __all__ = [
     "label_param", "summarize", "table1", "table1_display", "gains", "collapse_counts",
     "compare_with_paper", "paired_comparison", "verdict", "coreset_lambda_table", "fig5_verdicts",
     "subsample_table", "memory_table", "claims_checklist", "format_pct", "main_configs",
-    "ablation_configs", "SWEEP_COMMAND",
+    "ablation_configs", "SWEEP_COMMAND", "DATASET_NAMES", "by_role", "profile_note", "fedstale_table",
+    "describe_gains", "choices_table", "model_table", "tuning_evidence", "remaining_runs",
+    "gains_display", "describe_collapses", "main_findings", "compare_display", "describe_claims",
 ]
 
 # ------------------------------------------------------------------------------ constants
@@ -296,7 +298,7 @@ def table1(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
                 continue
             best = cand.loc[cand["mean"].idxmax()] if cand["mean"].notna().any() else cand.iloc[0]
             if r != "fedstale" and len(cand) > 1:
-                raise ValueError(f"several runs labels for role {r!r} at {dataset}, γ={gamma}: {list(cand['label'])}")
+                raise ValueError(f"several run labels for role {r!r} at {dataset}, γ={gamma}: {list(cand['label'])}")
             paper = _paper_for(dataset, gamma, "final_accuracy", r)
             rows.append({"dataset": dataset, "gamma": float(gamma), "role": r, "method": ROLE_NAMES[r],
                          "label": best["label"], "mean": float(best["mean"]), "std": float(best["std"]),
@@ -404,7 +406,7 @@ def collapse_counts(runs: pd.DataFrame, chance_factor: float = 1.5) -> pd.DataFr
 def subsample_table(main_runs: pd.DataFrame, sub_runs: pd.DataFrame) -> pd.DataFrame:
     """Table 3: subsampled (N_sub = 20) vs full greedy core-set selection, per gamma, paired
     by seed. Columns: full / subsampled mean, absolute drop (full - sub, accuracy points) and
-    relative drop ((full - sub) / full)."""
+    relative drop ((full - sub) / full, on the means)."""
     full = main_runs[[role(l, d) == "fedsteer" for l, d in zip(main_runs["label"], main_runs["dataset"])]]
     sub = sub_runs[[label_param(l, "subsample") not in (None, 0.0) for l in sub_runs["label"]]]
     m = full.merge(sub, on=["dataset", "gamma", "seed"], suffixes=("_full", "_sub"))
@@ -413,7 +415,7 @@ def subsample_table(main_runs: pd.DataFrame, sub_runs: pd.DataFrame) -> pd.DataF
         f, s = grp["final_accuracy_full"], grp["final_accuracy_sub"]
         rows.append({"dataset": dataset, "gamma": float(gamma), "n": len(grp), "greedy (all N)": f.mean(),
                      "subsampled": s.mean(), "drop (points)": (f - s).mean(),
-                     "drop (relative)": ((f - s) / f).mean()})
+                     "drop (relative)": (f.mean() - s.mean()) / f.mean()})
     return pd.DataFrame(rows)
 
 
@@ -685,3 +687,243 @@ def ablation_configs(book) -> dict[str, list[RunConfig]]:
         protos = [c for c in configs if c.seed == first]
         out[name] = [replace(c, seed=s) for s in seeds for c in protos]
     return out
+
+
+# ------------------------------------------------------------------------------ chapter text
+DATASET_NAMES: dict[str, str] = {"fmnist": "Fashion-MNIST", "emnist": "EMNIST", "cifar10": "CIFAR-10"}
+
+
+def by_role(runs: pd.DataFrame, r: str) -> pd.DataFrame:
+    """The rows of `runs` whose label has Table 1 role `r` (all FedStale βs for "fedstale")."""
+    if runs.empty:
+        return runs
+    mask = [role(lab, ds) == r for lab, ds in zip(runs["label"], runs["dataset"])]
+    return runs[mask]
+
+
+def profile_note(profile, runs: pd.DataFrame) -> str:
+    """A Markdown sentence on how big the runs behind a chapter are, compared with the paper's
+    setting (`config.PROFILES["paper"]`); quick-profile numbers are called a smoke test."""
+    from .config import PROFILES
+
+    paper = PROFILES["paper"]
+    rounds = sorted(set(runs["rounds"])) if not runs.empty else [profile.rounds]
+    seeds = sorted(set(runs["seed"])) if not runs.empty else list(profile.seeds)
+    gammas = sorted(set(runs["gamma"])) if not runs.empty else list(profile.gammas)
+    text = (f"**Profile `{profile.name}`**: {len(runs)} runs, {', '.join(map(str, rounds))} rounds each "
+            f"(paper: {paper.rounds}), {len(seeds)} seed{'s' if len(seeds) != 1 else ''} (paper: {len(paper.seeds)}), "
+            f"γ ∈ {{{', '.join(f'{g:g}' for g in gammas)}}} (paper: {{{', '.join(f'{g:g}' for g in paper.gammas)}}}).")
+    if profile.name != "paper" or rounds != [paper.rounds] or len(seeds) < len(paper.seeds):
+        text += (" **These numbers are a smoke test of the code path, not a reproduction**: too few rounds "
+                 "and seeds to say anything about the paper's claims.")
+    return text
+
+
+def fedstale_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """FedStale's mean final accuracy for every β (rows) and γ (columns), with the β Table 1
+    reports (best by test accuracy, as in the paper) marked."""
+    stale = by_role(runs, "fedstale").copy()
+    if stale.empty:
+        return pd.DataFrame()
+    stale["β"] = stale["label"].map(lambda l: float(label_param(l, "beta")))
+    mean = stale.groupby(["β", "gamma"])["final_accuracy"].mean().unstack("gamma")
+    out = pd.DataFrame(index=mean.index)
+    for gamma in mean.columns:
+        best = mean[gamma].idxmax()
+        out[f"γ={gamma:g}"] = [f"{v:.3f}" + ("  ← reported (best on test)" if b == best else "")
+                               for b, v in mean[gamma].items()]
+    return out
+
+
+def describe_gains(g: pd.DataFrame) -> str:
+    """Markdown bullets: each headline FedSteer gain vs FedAvg and vs the best baseline, next to
+    the paper's where its text quotes one."""
+    lines = []
+    for _, r in g[g["headline"]].iterrows():
+        paper_avg = (f" (paper: {format_pct(r['paper_gain_vs_fedavg'])})" if r["paper_gain_vs_fedavg"] == r["paper_gain_vs_fedavg"]
+                     else " (the paper quotes no number here)")
+        paper_best = (f" (paper: {format_pct(r['paper_gain_vs_best_baseline'])})"
+                      if r["paper_gain_vs_best_baseline"] == r["paper_gain_vs_best_baseline"] else
+                      " (the paper quotes no number here)")
+        lines.append(f"- {DATASET_NAMES.get(r['dataset'], r['dataset'])}, γ={r['gamma']:g}: {r['method']} "
+                     f"{r['fedsteer']:.3f} vs FedAvg {r['fedavg']:.3f}: **{format_pct(r['gain_vs_fedavg'])}**{paper_avg}; "
+                     f"vs the best baseline, {r['best_baseline']} ({r['best_baseline_mean']:.3f}): "
+                     f"**{format_pct(r['gain_vs_best_baseline'])}**{paper_best}.")
+    return "\n".join(lines) if lines else "No FedSteer run in the table."
+
+
+def choices_table() -> pd.DataFrame:
+    """The choices we made where the paper is silent, each rendered from the code that makes it."""
+    import inspect
+
+    from . import engine, strategies, tuning
+    from .config import METHODS
+
+    def first_line(obj) -> str:
+        return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split()).rstrip(".")
+
+    def between(doc: str, start: str, stop: str | None) -> str:
+        """The docstring text from `start` up to (not including) `stop`, on one line."""
+        i = doc.find(start)
+        j = doc.find(stop, i + 1) if stop else -1
+        return " ".join(doc[i: j if j > i else None].split()) if i >= 0 else ""
+
+    steer_doc = inspect.getdoc(strategies.FedSteer) or ""
+    ordering = between(steer_doc, 'ordering="unbiased"', 'ordering="as_written"')
+    refresh = between(steer_doc, "refresh_every=R", "Core members")
+    protocol = between(inspect.getdoc(tuning) or "", "Protocol:", None)
+    prepare_src = inspect.getsource(engine.prepare)
+    augmented = any(w in prepare_src.lower() for w in ("augment", "flip", "crop"))
+    return pd.DataFrame([
+        ("training hyperparameters (E, batch size, learning rates)", protocol, "tuning, config.TUNED"),
+        ("FedAvg in the tables", first_line(strategies.FedAvg)
+         + "; the unbiased form is reported as well: " + first_line(strategies.FedAvgUnbiased), "strategies.FedAvg"),
+        ("FedSteer estimator ordering", f"default ordering={METHODS['fedsteer']['ordering']!r}: " + ordering,
+         "strategies.FedSteer"),
+        ("enforce=5", refresh, "strategies.FedSteer (refresh_every)"),
+        ("FedStale β in Table 1", FEDSTALE_NOTE + "; all five β are shown in chapter 6", "analysis.table1"),
+        ("EMNIST split", f"{DATASET_DEFAULTS['emnist']['split']!r} ({NUM_CLASSES['emnist']} classes)",
+         "config.DATASET_DEFAULTS"),
+        ("data augmentation", "none: images are only scaled to [0, 1] and standardised per channel"
+         if not augmented else "applied in engine.prepare", "engine.prepare"),
+        ("collapse", "a run stops and is marked collapsed at the first non-finite update; chapter 6 also counts runs "
+         "that end below 1.5 × chance accuracy (the paper's sense)", "engine.run, analysis.collapse_counts"),
+    ], columns=["where the paper is silent", "our choice", "in the code"])
+
+
+def model_table() -> pd.DataFrame:
+    """Each data set's model and its number of trainable parameters d (built, not typed)."""
+    from .models import MODEL_FOR_DATASET, build_model, num_parameters
+
+    shapes = {"fmnist": (10, 1), "emnist": (NUM_CLASSES["emnist"], 1), "cifar10": (10, 3)}
+    rows = []
+    for ds, (classes, channels) in shapes.items():
+        model = build_model(ds, classes, channels)
+        rows.append({"data set": DATASET_NAMES[ds], "model": MODEL_FOR_DATASET[ds].__name__, "classes": classes,
+                     "parameters": num_parameters(model)})
+    return pd.DataFrame(rows)
+
+
+def tuning_evidence(dataset: str = "fmnist", root=None) -> tuple[pd.DataFrame | None, str]:
+    """The FedAvg-only tuning runs found under `root` (the paper profile's cache), and a
+    Markdown sentence: what `tuning.select` picks and whether `config.TUNED` holds it, or that
+    the runs are (partly) not computed yet. Never raises for missing runs."""
+    from .config import TUNED
+    from .results import has_run
+    from .tuning import select, tuning_configs, tuning_table
+
+    configs = tuning_configs(dataset)
+    present = [c for c in configs if has_run(c, root)]
+    if not present:
+        return None, (f"The tuning runs are **not computed yet** (0 of {len(configs)} in the results cache); "
+                      f"`python -m fedsteer_lib tune --dataset {dataset}` computes them.")
+    table = tuning_table(present, root)
+    if len(present) < len(configs):
+        return table, (f"The tuning runs are **not complete yet**: {len(present)} of {len(configs)} are in the results "
+                       "cache; the selection is made when all are there.")
+    pick = select(table)
+    frozen = TUNED[dataset]
+    agrees = (math.isclose(pick["client_lr"], frozen.client_lr) and pick["local_epochs"] == frozen.local_epochs)
+    text = (f"`tuning.select` picks client lr {pick['client_lr']:g} and E = {pick['local_epochs']} "
+            f"(mean validation accuracy over the last rounds {pick['val_accuracy_last10']:.3f}); `config.TUNED` holds "
+            f"client lr {frozen.client_lr:g} and E = {frozen.local_epochs}: "
+            + ("**they agree**." if agrees else "**they differ: config.TUNED is not the tuned choice**."))
+    return table, text
+
+
+def remaining_runs(root=None, datasets: Sequence[str] = ("fmnist", "emnist", "cifar10")) -> pd.DataFrame:
+    """For the paper profile: per data set and group (Table 1 grid, each ablation, tuning), how
+    many runs are in the results cache under `root`, how many are missing, and the command."""
+    from .sweep import ablation_grid, missing, paper_grid
+    from .tuning import tuning_configs
+
+    rows = []
+    for ds in datasets:
+        groups = {"main (Table 1, Fig. 4)": paper_grid(ds, "paper"), **ablation_grid(ds, "paper")}
+        if ds == "fmnist":
+            groups["tuning (FedAvg, validation)"] = tuning_configs(ds)
+        for name, configs in groups.items():
+            todo = len(missing(configs, root))
+            cmd = (f"python -m fedsteer_lib tune --dataset {ds}" if name.startswith("tuning") else
+                   f"python -m fedsteer_lib sweep --profile paper --dataset {ds} --what "
+                   + ("main" if name.startswith("main") else "ablations")
+                   + (" --device cuda" if ds != "fmnist" else ""))
+            rows.append({"data set": DATASET_NAMES[ds], "group": name, "runs": len(configs),
+                         "cached": len(configs) - todo, "missing": todo, "command": cmd if todo else ""})
+    return pd.DataFrame(rows)
+
+
+def gains_display(g: pd.DataFrame) -> pd.DataFrame:
+    """`gains` with percentages as '+8.8 %' strings and readable column names."""
+    cols = {"gamma": "γ", "method": "FedSteer variant", "fedsteer": "FedSteer", "fedavg": "FedAvg",
+            "gain_vs_fedavg": "gain vs FedAvg", "paper_gain_vs_fedavg": "paper",
+            "best_baseline": "best baseline", "best_baseline_mean": "its accuracy",
+            "gain_vs_best_baseline": "gain vs best baseline", "paper_gain_vs_best_baseline": "paper "}
+    out = g[list(cols)].rename(columns=cols)
+    for c in ("gain vs FedAvg", "paper", "gain vs best baseline", "paper "):
+        out[c] = out[c].map(format_pct)
+    return out.round(3)
+
+
+def describe_collapses(counts: pd.DataFrame) -> str:
+    """One Markdown sentence on `collapse_counts`: how many runs stopped on a non-finite update
+    and how many ended near chance, and of which methods."""
+    from .plotting.common import display_name
+
+    total = int(counts["runs"].sum())
+
+    def which(col: str) -> str:
+        hit = counts[counts[col] > 0]
+        return ", ".join(f"{display_name(r.label)} at γ={r.gamma:g} ({getattr(r, col)}/{r.runs})" for r in hit.itertuples())
+
+    nf, nc = int(counts["non_finite"].sum()), int(counts["near_chance"].sum())
+    return (f"Of {total} runs, **{nf}** stopped on a non-finite update" + (f": {which('non_finite')}" if nf else "")
+            + f"; **{nc}** ended below 1.5 × chance accuracy" + (f": {which('near_chance')}" if nc else "") + ".")
+
+
+def main_findings(t1: pd.DataFrame, g: pd.DataFrame, profile) -> str:
+    """Markdown bullets summarising chapter 6 from its tables: the ranking per γ, the headline
+    gains next to the paper's, and every difference to a number the paper quotes."""
+    lines = []
+    for gamma, grp in t1.groupby("gamma", sort=True):
+        ranked = grp.sort_values("mean", ascending=False)
+        lines.append(f"- γ={gamma:g}, ranking by mean final accuracy: "
+                     + " > ".join(f"{m} {v:.3f}" for m, v in zip(ranked["method"], ranked["mean"])) + ".")
+    lines.append(describe_gains(g))
+    known = t1[t1["paper"].notna()]
+    for r in known.itertuples():
+        lines.append(f"- {r.method} at γ={r.gamma:g}: ours {r.mean:.3f}, paper {r.paper:.3f}, "
+                     f"difference **{r.diff:+.3f}**.")
+    if profile.name != "paper":
+        lines.append(f"- Profile `{profile.name}`: a smoke test; none of this says whether the paper reproduces.")
+    return "\n".join(lines)
+
+
+def compare_display(compare: pd.DataFrame) -> pd.DataFrame:
+    """`compare_with_paper` for reading: accuracies to 3 decimals, gains and drops as percentages
+    (their differences in percentage points, pp), the memory ratio with a '×'."""
+    out = compare[["data set", "γ", "quantity", "method", "paper", "ours", "ours − paper", "our setting", "status"]].copy()
+    for col in ("paper", "ours", "ours − paper"):
+        out[col] = [
+            "—" if v != v else
+            (f"{100 * v:+.1f} pp" if ("gain" in q or "drop" in q) and col == "ours − paper" else
+             format_pct(v, signed=False) if ("gain" in q or "drop" in q) else
+             f"{v:+.1f}×" if q == "memory_reduction" and col == "ours − paper" else
+             f"{v:.1f}×" if q == "memory_reduction" else
+             f"{v:+.3f}" if col == "ours − paper" else f"{v:.3f}")
+            for v, q in zip(compare[col], compare["quantity"])]
+    out["γ"] = out["γ"].map(lambda v: "—" if v != v else f"{v:g}")
+    return out
+
+
+def describe_claims(claims: pd.DataFrame) -> str:
+    """One Markdown sentence counting the checklist: holds / does not hold / not checkable here."""
+    holds = claims["holds"]
+    yes = int((holds == True).sum())  # noqa: E712 (holds is an object column of True / False / None)
+    no = int((holds == False).sum())  # noqa: E712
+    na = int(holds.isna().sum())
+    failed = "; ".join(f"{c} ({d}, γ={g:g})" if g == g else f"{c} ({d})"
+                       for c, d, g in zip(claims.loc[holds == False, "claim"], claims.loc[holds == False, "data set"],  # noqa: E712
+                                          claims.loc[holds == False, "γ"]))
+    return (f"Of {len(claims)} claim checks, **{yes} hold**, **{no} do not**" + (f" ({failed})" if no else "")
+            + f", and **{na}** cannot be decided here (data set not run, or no threshold stated).")

@@ -18,18 +18,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .config import MethodSpec, RunConfig
+from .config import Diagnostics, MethodSpec, Profile, RunConfig, get_profile, method, paper_methods
 from .coreset import SwapTrace, exhaustive_best, greedy_swap, objective_from_gram
 from .strategies import ServerContext, make_strategy
 
 __all__ = [
     # chapter 4: core-set selection (§2.4, Algorithm 3, §8.2, §8.3)
-    "WarmupRecord", "warmup_record", "gram_factor", "total_energy", "relative_objective", "swap_trace_table",
+    "WarmupRecord", "warmup_record", "gram_factor", "total_energy", "relative_objective", "random_core_objectives",
+    "swap_trace_table",
     "selection_comparison", "exhaustive_comparison", "state_bytes", "server_memory_table", "memory_formula",
     # chapter 5: the partial-update variance term of Theorem 2
-    "short_label", "probe_table", "variance_term_summary",
+    "convergence_methods", "convergence_grid", "short_label", "probe_table", "variance_term_summary",
     # chapter 8: coordinate stability (§8.5, Fig. 8)
-    "coords_histories", "refresh_rounds", "coordinate_changes", "coordinate_stability", "stability_summary",
+    "TRACKED_CLIENTS", "stability_grid", "coords_histories", "refresh_rounds", "coordinate_changes", "coordinate_stability", "unexplained_changes",
+    "stability_summary", "stability_verdict",
 ]
 
 
@@ -137,6 +139,16 @@ def relative_objective(gram: torch.Tensor, core: Sequence[int], weights: torch.T
     return objective_from_gram(gram, list(core), weights, lam) / total_energy(gram, weights)
 
 
+def random_core_objectives(gram: torch.Tensor, weights: torch.Tensor, k: int, lam: float, *, draws: int = 20,
+                           seed: int = 0) -> np.ndarray:
+    """Relative J (J / sum_i d_i ||g_i||^2) of `draws` uniformly random k-client core sets on
+    one snapshot: the 'no selection' reference of Algorithm 3."""
+    n = gram.shape[0]
+    gen = np.random.default_rng([seed, 99])
+    return np.array([relative_objective(gram, gen.choice(n, size=k, replace=False).tolist(), weights, lam)
+                     for _ in range(draws)])
+
+
 def swap_trace_table(traces: Sequence[Sequence[float]], energies: Sequence[float] | None = None) -> pd.DataFrame:
     """Tidy table of Algorithm 3's J traces: one row per (cycle, swap).
 
@@ -152,13 +164,12 @@ def swap_trace_table(traces: Sequence[Sequence[float]], energies: Sequence[float
                 row["relative_J"] = float(value) / float(energies[cycle])
             rows.append(row)
             step += 1
-        step -= 1  # the next cycle's initial value sits at the same step (new snapshot, same core)
-        step += 1
     return pd.DataFrame(rows)
 
 
 def selection_comparison(grams: Sequence[torch.Tensor], weights: torch.Tensor, k: int, lam: float, *,
-                         draws: int = 8, max_swaps: int = 5, n_sub: int = 20, seed: int = 0) -> pd.DataFrame:
+                         draws: int = 8, max_swaps: int = 5, n_sub: int = 20, converged: bool = True,
+                         seed: int = 0) -> pd.DataFrame:
     """Random vs greedy vs subsampled-greedy core sets, compared by J on the last snapshot.
 
     For each draw a random initial core X_0 (k clients) is drawn; then
@@ -168,7 +179,8 @@ def selection_comparison(grams: Sequence[torch.Tensor], weights: torch.Tensor, k
     - "subsampled": the same, but each cycle only considers swapping in clients from
       `n_sub` random candidates (paper §8.3, N_sub = 20), as `strategies.FedSteer` does;
     - "greedy (converged)": on the last snapshot only, swaps until no swap lowers J (a local
-      optimum of the swap neighbourhood; the reference for the swap budget).
+      optimum of the swap neighbourhood; the reference for the swap budget). Only if
+      `converged` (it costs many swaps for large k).
     Returns one row per (draw, selection): J, relative_J (J / sum_i d_i ||g_i||^2) and the
     number of swaps executed.
     """
@@ -196,9 +208,10 @@ def selection_comparison(grams: Sequence[torch.Tensor], weights: torch.Tensor, k
                                    candidates=candidates, trace=trace)
                 swaps += len(trace) - 1
             results[name] = (core, swaps)
-        trace = SwapTrace()
-        core = greedy_swap(factors[-1], k, weights, lam, max_swaps=10 * n, init=init, trace=trace)
-        results["greedy (converged)"] = (core, len(trace) - 1)
+        if converged:
+            trace = SwapTrace()
+            core = greedy_swap(factors[-1], k, weights, lam, max_swaps=10 * n, init=init, trace=trace)
+            results["greedy (converged)"] = (core, len(trace) - 1)
         for name, (core, swaps) in results.items():
             j = objective_from_gram(last, core, weights, lam)
             rows.append({"draw": draw, "selection": name, "k": k, "lam": lam, "J": j,
@@ -300,6 +313,26 @@ def server_memory_table(specs: Sequence[MethodSpec], num_clients: Iterable[int],
 # ---------------------------------------------------------------------------------------------
 # Chapter 5: the partial-update variance term of Theorem 2
 # ---------------------------------------------------------------------------------------------
+def convergence_methods(dataset: str) -> list[MethodSpec]:
+    """Chapter 5's methods: `config.paper_methods` without full participation (its partial-
+    update variance is 0 by construction, p_i = 1) and with FedStale at beta = 0.7 only."""
+    return [m for m in paper_methods(dataset)
+            if m.name != "full" and not (m.name == "fedstale" and m.get("beta") != 0.7)]
+
+
+def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                     device: str = "cpu") -> list[RunConfig]:
+    """Chapter 5's probe runs: `convergence_methods` x the profile's gammas x its first seed,
+    with `Diagnostics(probe_every=profile.probe_every)` (every client's true update and the
+    aggregation's mean squared error to sum_i d_i g_i on every probe round)."""
+    from .sweep import grid
+
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
+    return grid(dataset, convergence_methods(dataset), prof, gammas=prof.gammas, seeds=first, device=device,
+                diagnostics=Diagnostics(probe_every=prof.probe_every))
+
+
 def short_label(label: str) -> str:
     """A method label without the warm-up length (which only the profile sets), e.g.
     'fedsteer(refresh_every=5, warmup_cycles=2)' -> 'fedsteer(refresh_every=5)'."""
@@ -351,13 +384,16 @@ def variance_term_summary(table: pd.DataFrame, metric: str = "mse_to_mean") -> p
     the empirical (1/T) sum_t E||Delta_t - g_bar_t||^2 of Theorem 2's partial-update variance
     term 4 eta_s L (1/T) sum_t E||Delta_t - g_bar_t||^2. Adds the averages of the variance and
     the squared bias (mse = variance + bias^2), the ratio to the smallest average within each
-    gamma and the rank (1 = smallest term)."""
+    gamma, the rank (1 = smallest term) and the number of collapsed runs (a collapsed run is
+    averaged over the probes it reached)."""
+    table = table.assign(collapsed=table["collapsed"] if "collapsed" in table else False)
     per_run = table.groupby(["gamma", "label", "method", "seed"], as_index=False).agg(
         term=(metric, "mean"), mc_variance=("mc_variance", "mean"), bias_sq=("bias_sq", "mean"),
-        exact_variance=("exact_variance", "mean"), probes=("round", "count"))
+        exact_variance=("exact_variance", "mean"), probes=("round", "count"), collapsed=("collapsed", "max"))
     out = per_run.groupby(["gamma", "label", "method"], as_index=False).agg(
         term=("term", "mean"), mc_variance=("mc_variance", "mean"), bias_sq=("bias_sq", "mean"),
-        exact_variance=("exact_variance", "mean"), probes=("probes", "mean"), seeds=("seed", "nunique"))
+        exact_variance=("exact_variance", "mean"), probes=("probes", "mean"), seeds=("seed", "nunique"),
+        collapsed_runs=("collapsed", "sum"))
     out["ratio_to_smallest"] = out["term"] / out.groupby("gamma")["term"].transform("min")
     out["rank"] = out.groupby("gamma")["term"].rank(method="min").astype(int)
     return out.sort_values(["gamma", "term"]).reset_index(drop=True)
@@ -366,6 +402,25 @@ def variance_term_summary(table: pd.DataFrame, metric: str = "mse_to_mean") -> p
 # ---------------------------------------------------------------------------------------------
 # Chapter 8: coordinate stability
 # ---------------------------------------------------------------------------------------------
+TRACKED_CLIENTS: tuple[int, ...] = (5, 55, 95)  # the clients of the paper's Fig. 8
+
+
+def stability_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                   device: str = "cpu") -> dict[str, RunConfig]:
+    """Chapter 8's runs (Fig. 8): FedSteer with enforce=5 (refresh_every=5) for
+    lambda in {0, 0.5} x |X| in {10, 40}, at the profile's largest gamma and first seed, with
+    the coordinates of clients 5, 55 and 95 recorded every round. Keys name the settings."""
+    from .sweep import grid
+
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
+    settings = {f"λ={lam}, |X|={k}": method("fedsteer", core_size=k, lam=lam, refresh_every=5)
+                for lam in (0.0, 0.5) for k in (10, 40)}
+    configs = grid(dataset, list(settings.values()), prof, gammas=[max(prof.gammas)], seeds=first, device=device,
+                   diagnostics=Diagnostics(track_coords=TRACKED_CLIENTS))
+    return dict(zip(settings, configs))
+
+
 def coords_histories(payload: Mapping[str, Any]) -> dict[int, np.ndarray]:
     """{client: (rounds, k) array} of a FedSteer run's `extras["coords_history"]`: row t is
     s_i after round t (recorded with `Diagnostics(track_coords=...)`)."""
@@ -411,21 +466,34 @@ def coordinate_changes(history: np.ndarray, rounds: Sequence[int]) -> pd.DataFra
 
 def coordinate_stability(payload: Mapping[str, Any], refresh_every: int) -> pd.DataFrame:
     """One row per (tracked client, refresh with a recorded 'before') of a FedSteer run:
-    round, cosine, relative_change (see `coordinate_changes`), plus `changed_elsewhere`, the
-    number of rounds where s_i changed although no refresh was due (0 when the record is
-    consistent with the refresh rule)."""
+    round, cosine and relative_change (see `coordinate_changes`), and in_core: whether the
+    client is itself a member of the core set X (then, with lambda = 0, s_i is ||g_i|| times a
+    unit vector and its cosine is 1 whatever happens)."""
     hist = coords_histories(payload)
     participation = payload["extras"]["participation"]
+    core = set(payload["extras"].get("core", []))
     frames = []
     for client, h in hist.items():
-        rounds = refresh_rounds(participation[: h.shape[0]], client, refresh_every)
-        changed = [t for t in range(1, h.shape[0]) if not np.array_equal(h[t], h[t - 1])]
-        df = coordinate_changes(h, rounds)
+        df = coordinate_changes(h, refresh_rounds(participation[: h.shape[0]], client, refresh_every))
         df.insert(0, "client", client)
-        df["changed_elsewhere"] = len(set(changed) - set(rounds))
+        df["in_core"] = client in core
         frames.append(df)
-    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return out
+    if not frames:
+        return pd.DataFrame(columns=["client", "round", "cosine", "relative_change", "in_core"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def unexplained_changes(payload: Mapping[str, Any], refresh_every: int) -> int:
+    """How many recorded rounds t >= 1 show a change of a tracked client's s_i that the refresh
+    rule does not explain (0 when the record and `refresh_rounds` agree: s_i is constant
+    between refreshes, so the refresh events are all there is to measure)."""
+    hist = coords_histories(payload)
+    participation = payload["extras"]["participation"]
+    count = 0
+    for client, h in hist.items():
+        rounds = set(refresh_rounds(participation[: h.shape[0]], client, refresh_every))
+        count += sum(1 for t in range(1, h.shape[0]) if not np.array_equal(h[t], h[t - 1]) and t not in rounds)
+    return count
 
 
 def stability_summary(runs: Mapping[str, Mapping[str, Any]], refresh_every: int) -> pd.DataFrame:
@@ -434,7 +502,7 @@ def stability_summary(runs: Mapping[str, Mapping[str, Any]], refresh_every: int)
     relative change ||Delta s|| / ||s||, the cosine between each client's first and last
     recorded s_i (drift over the whole run), and as a reference the median cosine between
     *different* tracked clients' s_i at the same round (how similar unrelated coordinate
-    vectors are in this setting)."""
+    vectors are in this setting), and which tracked clients are core members."""
     rows = []
     for name, payload in runs.items():
         events = coordinate_stability(payload, refresh_every)
@@ -443,10 +511,33 @@ def stability_summary(runs: Mapping[str, Mapping[str, Any]], refresh_every: int)
         clients = sorted(hist)
         cross = [_cos(hist[a][t], hist[b][t]) for i, a in enumerate(clients) for b in clients[i + 1:]
                  for t in range(min(hist[a].shape[0], hist[b].shape[0]))]
+        core = set(payload["extras"].get("core", []))
         rows.append({"setting": name, "refreshes": int(len(events)),
+                     "tracked_in_core": ", ".join(str(c) for c in clients if c in core) or "-",
                      "median_cosine": float(events["cosine"].median()) if len(events) else float("nan"),
                      "median_relative_change": float(events["relative_change"].median()) if len(events) else float("nan"),
                      "first_last_cosine": float(np.nanmedian(drift)) if drift else float("nan"),
-                     "cross_client_cosine": float(np.nanmedian(np.abs(cross))) if cross else float("nan"),
-                     "inconsistent_changes": int(events["changed_elsewhere"].max()) if len(events) else 0})
+                     "cross_client_cosine": float(np.nanmedian(cross)) if cross else float("nan"),
+                     "unexplained_changes": unexplained_changes(payload, refresh_every)})
     return pd.DataFrame(rows)
+
+
+def stability_verdict(summary: pd.DataFrame, min_cosine: float = 0.9, max_change: float = 0.5) -> pd.DataFrame:
+    """Judge each setting of `stability_summary` (indexed by setting): 'stable' is True when the
+    median refresh cosine is >= `min_cosine` and the median relative change <= `max_change`,
+    None when no refresh was observed. Adds a one-line `message` per setting."""
+    out = summary.copy()
+    judged = out["refreshes"] > 0
+    ok = (out["median_cosine"] >= min_cosine) & (out["median_relative_change"] <= max_change)
+    out["stable"] = pd.Series([bool(v) if j else None for v, j in zip(ok, judged)], index=out.index, dtype=object)
+    messages = []
+    for name, row in out.iterrows():
+        if row["stable"] is None:
+            messages.append(f"{name}: no refresh with a recorded 'before' - nothing to judge.")
+        else:
+            messages.append(f"{name}: {int(row['refreshes'])} refreshes, median cosine {row['median_cosine']:.3f}, "
+                            f"median relative change {row['median_relative_change']:.3f} (cross-client cosine "
+                            f"{row['cross_client_cosine']:.3f}) -> {'stable' if row['stable'] else 'NOT stable'} "
+                            f"(criterion: cosine >= {min_cosine}, change <= {max_change}).")
+    out["message"] = messages
+    return out

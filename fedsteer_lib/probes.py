@@ -36,8 +36,9 @@ from .strategies import ServerContext, State, Strategy, make_strategy
 
 __all__ = [
     "GROUPS", "group_labels", "group_table", "label_histograms", "staleness_table", "expected_staleness",
+    "staleness_summary", "group_weights", "estimator_table", "load_probe_table", "alignment_verdict",
     "torch_generator", "snapshot", "fedavg_rounds", "SnapshotPair", "snapshot_pair", "Trajectory", "trajectory",
-    "span_embedding", "server_context", "MonteCarlo", "monte_carlo", "aggregation_coefficients",
+    "span_embedding", "server_context", "MonteCarlo", "monte_carlo", "exact_moments", "aggregation_coefficients",
     "variance_contributions", "fedsteer_state", "fedvarp_state", "one_hot_fedsteer",
     "relative_error", "cosine", "reconstruction_study", "rotation", "toy_ridge_table", "toy_rotation_study",
     "client_groups", "probe_table", "staleness_bins", "alignment_by_staleness",
@@ -133,6 +134,31 @@ def expected_staleness(p: float | np.ndarray, t: int | np.ndarray) -> float | np
     t = np.asarray(t, dtype=float)
     out = (1.0 - (1.0 - p) ** (t + 1.0)) / p
     return float(out) if out.ndim == 0 else out
+
+
+def staleness_summary(table: pd.DataFrame, round_: int) -> pd.DataFrame:
+    """Per group, the staleness at the start of round `round_` over the clients and schedules
+    of `staleness_table`: p, mean, its standard error, the share that never participated,
+    E[S_t] (`expected_staleness`) and the stationary value 1/p."""
+    at = table[table["round"] == round_]
+    out = at.groupby("group").agg(p=("p", "first"), mean_staleness=("staleness", "mean"),
+                                  se=("staleness", lambda v: v.std(ddof=1) / np.sqrt(len(v))),
+                                  never_participated=("never", "mean")).reset_index()
+    out["expected_E[S_t]"] = expected_staleness(out["p"].to_numpy(), round_)
+    out["1/p"] = 1.0 / out["p"]
+    return out
+
+
+def group_weights(federation: Federation, per_client: dict[str, np.ndarray | torch.Tensor]) -> pd.DataFrame:
+    """Sum over each client group of per-client values (e.g. d_i, or the mean coefficient
+    E[c_i(A)] an aggregation rule gives client i). Columns: group, rule (the dict key), weight."""
+    groups = group_labels(federation)
+    rows = []
+    for rule, values in per_client.items():
+        v = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values, dtype=float)
+        for g in GROUPS:
+            rows.append({"group": g, "rule": rule, "weight": float(v[groups == g].sum())})
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,6 +401,26 @@ def monte_carlo(strategy: Strategy, state: State, ctx: ServerContext, updates: t
                       target_norm=float(target.norm()), mse=float((errors**2).mean()), errors=errors.numpy())
 
 
+def exact_moments(strategy: Strategy, state: State, ctx: ServerContext, updates: torch.Tensor,
+                  max_clients: int = 16) -> tuple[torch.Tensor, float]:
+    """E[Delta] and E||Delta - E Delta||^2 of `strategy.aggregate` by enumerating all 2^N
+    participation sets with their probabilities prod_{i in A} p_i prod_{i not in A} (1 - p_i)
+    (small N only). In float64; a reference for Theorem 1 and for `monte_carlo`."""
+    n = ctx.num_clients
+    if n > max_clients:
+        raise ValueError(f"exact enumeration of 2^{n} participation sets is too large (max_clients={max_clients})")
+    probs = ctx.probs.double().cpu().tolist()
+    mean = torch.zeros(updates.shape[1], dtype=torch.float64)
+    second = 0.0
+    for mask in itertools.product((False, True), repeat=n):
+        prob = float(np.prod([p if m else 1 - p for m, p in zip(mask, probs)]))
+        active = torch.tensor([i for i in range(n) if mask[i]], dtype=torch.long, device=updates.device)
+        delta = strategy.aggregate(state, ctx, active, updates[active]).double().cpu()
+        mean += prob * delta
+        second += prob * float(delta @ delta)
+    return mean, second - float(mean @ mean)
+
+
 def aggregation_coefficients(strategy: Strategy, ctx: ServerContext, draws: int, seed: int = 0,
                              state: State | None = None) -> torch.Tensor:
     """The coefficient c_i(A) that a linear, memoryless rule (FedAvg, unbiased FedAvg) gives
@@ -400,6 +446,31 @@ def variance_contributions(grads: torch.Tensor, estimates: torch.Tensor, weights
     residual_sq = torch.linalg.vector_norm((grads - estimates).double(), dim=1) ** 2
     w, p = weights.double().cpu(), probs.double().cpu()
     return w**2 * (1 - p) / p * residual_sq.cpu()
+
+
+def estimator_table(estimators: Sequence[tuple[str, Strategy, State, torch.Tensor]], true: torch.Tensor,
+                    weights: torch.Tensor, probs: torch.Tensor, true_embedded: torch.Tensor, ctx_embedded: ServerContext,
+                    draws: int, seed: int = 0) -> tuple[pd.DataFrame, dict[str, MonteCarlo]]:
+    """Theorem 1's closed form against Monte Carlo for estimators of Eq. 4's form.
+
+    Each entry is (name, strategy, state on the span coordinates, estimates g_hat_i in full
+    dimension (N, d)). The closed form `projection.update_variance(true, g_hat, d, p)` is
+    computed on the full vectors; `monte_carlo` runs the strategy on `true_embedded`.
+    Returns a table (estimator, closed_form, mc_variance, mc_variance_se, gap_in_se,
+    gap_percent, relative_bias, relative_noise) and the MonteCarlo results by name.
+    """
+    from .projection import update_variance
+
+    rows, results = [], {}
+    for name, strategy, state, estimates in estimators:
+        closed = update_variance(true, estimates, weights, probs)
+        mc = monte_carlo(strategy, state, ctx_embedded, true_embedded, draws, seed)
+        results[name] = mc
+        rows.append({"estimator": name, "closed_form": closed, "mc_variance": mc.variance, "mc_variance_se": mc.variance_se,
+                     "gap_in_se": abs(mc.variance - closed) / mc.variance_se,
+                     "gap_percent": 100.0 * abs(mc.variance - closed) / closed,
+                     "relative_bias": mc.relative_bias, "relative_noise": mc.relative_noise})
+    return pd.DataFrame(rows), results
 
 
 def fedsteer_state(spec: MethodSpec, ctx: ServerContext, stale: torch.Tensor) -> tuple[Strategy, State]:
@@ -467,7 +538,8 @@ def reconstruction_study(stale: torch.Tensor, true: torch.Tensor, weights: torch
       subspace can do at w_t, the Theorem-1 optimum for lambda = 0);
     - 'stale': g = g_i, g_hat = h_i (FedVARP/MIFA's reuse; independent of k and lambda).
 
-    Returns a tidy table: k, lam, client, group, kind, rel_error, cos, J (objective of the core).
+    Returns a tidy table: k, lam, client, group, kind, rel_error, cos, norm_ratio
+    (||g_hat|| / ||g||) and J (the objective of the chosen core after the swaps).
     """
     n = stale.shape[0]
     groups = np.asarray(groups) if groups is not None else np.array([""] * n)
@@ -475,9 +547,10 @@ def reconstruction_study(stale: torch.Tensor, true: torch.Tensor, weights: torch
 
     def add(k, lam, kind, g, est, j_value):
         re, co = relative_error(g, est).numpy(), cosine(est, g).numpy()
+        ratio = (torch.linalg.vector_norm(est.double(), dim=1) / torch.linalg.vector_norm(g.double(), dim=1).clamp_min(1e-300)).numpy()
         for i in range(n):
             rows.append({"k": k, "lam": lam, "client": i, "group": groups[i], "kind": kind,
-                         "rel_error": float(re[i]), "cos": float(co[i]), "J": j_value})
+                         "rel_error": float(re[i]), "cos": float(co[i]), "norm_ratio": float(ratio[i]), "J": j_value})
 
     for k, lam in itertools.product(core_sizes, lams):
         trace: list[float] = []
@@ -608,3 +681,30 @@ def alignment_by_staleness(table: pd.DataFrame, by: Sequence[str] = (),
         out["bin"] = pd.Categorical(out["bin"], categories=t["bin"].cat.categories, ordered=True)
         out = out.sort_values(keys + ["measure"]).reset_index(drop=True)
     return out
+
+
+def load_probe_table(configs: Iterable[Any], root: Any, labels: torch.Tensor, num_classes: int) -> pd.DataFrame:
+    """`probe_table` of every stored run in `configs` (RunConfigs, results cache `root`),
+    with each run's client groups (`client_groups`), concatenated."""
+    from .results import load_run
+
+    frames = []
+    for c in configs:
+        groups = client_groups(c.system, labels, num_classes, c.seed)
+        frames.append(probe_table(load_run(c, root), groups))
+    return pd.concat(frames, ignore_index=True)
+
+
+def alignment_verdict(table: pd.DataFrame, z: float = 2.0) -> dict[str, Any]:
+    """The paired comparison of cos(Q_t s_i, g_i) and cos(h_i, g_i) over the probe rows where
+    both are defined: mean difference, its standard error (rows treated as independent), n,
+    and a verdict ('steered better', 'stale better' or 'no significant difference' at
+    |mean| > z * se)."""
+    paired = table[(table["staleness"] >= 1) & table["cos_stale"].notna() & table["cos_estimate"].notna()]
+    diff = (paired["cos_estimate"] - paired["cos_stale"]).to_numpy(dtype=float)
+    n = len(diff)
+    if n < 2:
+        return {"mean": float("nan"), "se": float("nan"), "n": n, "verdict": "too few paired rows"}
+    mean, se = float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(n))
+    verdict = "steered better" if mean > z * se else ("stale better" if mean < -z * se else "no significant difference")
+    return {"mean": mean, "se": se, "n": n, "verdict": verdict}

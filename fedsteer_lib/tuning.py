@@ -16,7 +16,7 @@ from .config import FLSystem, RunConfig, Training, method
 
 __all__ = ["GRID", "tuning_configs", "tuning_table", "select"]
 
-GRID = {"client_lr": (0.01, 0.03, 0.1), "local_epochs": (1, 2)}
+GRID = {"client_lr": (0.01, 0.03, 0.1, 0.3), "local_epochs": (1, 2)}
 VALIDATION_SIZE = 10_000
 
 

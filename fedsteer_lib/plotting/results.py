@@ -13,7 +13,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from matplotlib.ticker import PercentFormatter
+
 from .common import display_name, method_order, palette, plot_curves
+
+_SHORT = {"gain_vs_fedavg": "gain vs FedAvg", "gain_vs_best_baseline": "gain vs best baseline",
+          "min_gain_vs_best_baseline": "min gain vs best baseline", "subsample_drop": "subsampling drop"}
 
 __all__ = ["plot_accuracy_by_gamma", "plot_convergence", "plot_table1_bars", "plot_ours_vs_paper",
            "plot_coreset_lambda", "plot_differences", "plot_memory"]
@@ -98,10 +103,15 @@ def plot_ours_vs_paper(compare: pd.DataFrame) -> plt.Figure:
         lo = min([0.0] + list(part["paper"]) + list(part["ours"]))
         hi = max([1.0 if unit == "final accuracy" else 0.1] + list(part["paper"]) + list(part["ours"]))
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="ours = paper")
-        for _, r in part.iterrows():
+        for i, (_, r) in enumerate(part.iterrows()):
+            what = r["method"] if unit == "final accuracy" else _SHORT.get(r["quantity"], r["quantity"])
+            where = f" γ={r['γ']:g}" if r["γ"] == r["γ"] else ""
             ax.scatter(r["paper"], r["ours"], s=40, zorder=3)
-            ax.annotate(f"{r['method']} γ={r['γ']:g}" if r["γ"] == r["γ"] else r["key"], (r["paper"], r["ours"]),
-                        fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(what + where, (r["paper"], r["ours"]), fontsize=7, xytext=(4, 4 - 9 * (i % 2)),
+                        textcoords="offset points")
+        if unit != "final accuracy":
+            ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.set_xlabel(f"paper ({unit})")
         ax.set_ylabel(f"ours ({unit})")
         ax.set_title(f"{unit}: {len(part)} number{'s' if len(part) != 1 else ''} compared")

@@ -1,0 +1,332 @@
+"""analysis.py on small hand-made tables: every number checked against a hand computation."""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedsteer_lib import analysis as A
+from fedsteer_lib.config import paper_methods
+
+# Hand-made final accuracies (dataset fmnist, two seeds, two gammas), keyed by run label.
+ACC = {
+    0.9: {"full": (0.80, 0.82), "fedsteer": (0.60, 0.62), "fedsteer(refresh_every=5)": (0.58, 0.56),
+          "fedavg": (0.50, 0.54), "fedavg_unbiased": (0.40, 0.44), "fedvarp": (0.45, 0.47),
+          "fedstale(beta=0.5)": (0.48, 0.50), "fedstale(beta=0.6)": (0.50, 0.52), "fedstale(beta=0.7)": (0.30, 0.32),
+          "fedstale(beta=0.8)": (0.20, 0.22), "fedstale(beta=0.9)": (0.10, 0.12), "mifa": (0.35, 0.37),
+          "scaffold": (0.11, 0.12), "fedprox": (0.09, float("nan"))},
+    0.7: {"full": (0.85, 0.85), "fedsteer": (0.70, 0.72), "fedsteer(refresh_every=5)": (0.69, 0.69),
+          "fedavg": (0.66, 0.68), "fedavg_unbiased": (0.60, 0.60), "fedvarp": (0.73, 0.75),
+          "fedstale(beta=0.5)": (0.60, 0.60), "fedstale(beta=0.6)": (0.60, 0.60), "fedstale(beta=0.7)": (0.61, 0.61),
+          "fedstale(beta=0.8)": (0.62, 0.62), "fedstale(beta=0.9)": (0.63, 0.63), "mifa": (0.60, 0.60),
+          "scaffold": (0.60, 0.60), "fedprox": (0.60, 0.60)},
+}
+
+
+def make_runs(acc=ACC, dataset="fmnist", label_suffix=None) -> pd.DataFrame:
+    rows = []
+    for gamma, table in acc.items():
+        for label, values in table.items():
+            for seed, a in enumerate(values):
+                lab = label
+                if label_suffix and label.startswith("fedsteer"):
+                    lab = label_suffix(label)
+                rows.append({"dataset": dataset, "method": lab.partition("(")[0], "label": lab, "gamma": gamma,
+                             "seed": seed, "final_accuracy": a, "collapsed": a != a,
+                             "server_memory_bytes": 0})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def runs():
+    return make_runs()
+
+
+@pytest.fixture
+def t1(runs):
+    return A.table1(runs)
+
+
+# ------------------------------------------------------------------------------ the paper
+def test_paper_records_are_consistent():
+    keys = [p.key for p in A.PAPER]
+    assert len(keys) == len(set(keys))
+    for p in A.PAPER:
+        assert p.text in p.quote, p.key
+        number = float(p.text.rstrip("%"))
+        assert math.isclose(p.value, number / 100 if p.text.endswith("%") else number), p.key
+        assert p.role is None or p.role in A.ROLES
+    # the paper's own arithmetic: 0.554 vs 0.509 is +8.8 % relative
+    gain = A.paper_value("fmnist/0.9/fedsteer") / A.paper_value("fmnist/0.9/fedavg") - 1
+    assert round(gain, 3) == A.paper_value("fmnist/0.9/gain_vs_fedavg")
+    assert A.paper_value("emnist/0.9/fedsteer_enforce5") == 0.620
+    assert A.paper_value("emnist/0.9/scaffold") == 0.048
+    with pytest.raises(KeyError):
+        A.paper_value("no/such/key")
+
+
+def test_every_quoted_accuracy_is_recorded():
+    quoted = {"0.554", "0.509", "0.281", "0.309", "0.243", "0.314", "0.048", "0.051", "0.620", "0.622", "0.660"}
+    recorded = {p.text for p in A.PAPER if p.quantity == "final_accuracy"}
+    assert quoted == recorded
+
+
+def test_plain_removes_tex():
+    s = A.plain(r"On EMNIST (\(\gamma=0.9\)), size \(|\mathcal{X}| \le 30\) and Table" + "\u00a0" + "3")
+    assert s == "On EMNIST (γ=0.9), size |X| ≤ 30 and Table 3"
+    table = A.paper_table()
+    assert not table["sentence"].str.contains(r"\\\(|\\\)", regex=True).any()
+    assert set(A.paper_table(datasets=["emnist"])["data set"]) == {"emnist"}
+    assert len(A.paper_table(datasets=["cifar10"])) == 2
+
+
+# ------------------------------------------------------------------------------ labels
+@pytest.mark.parametrize("label, dataset, expected", [
+    ("fedsteer", "fmnist", "fedsteer"),
+    ("fedsteer(warmup_cycles=2)", "fmnist", "fedsteer"),
+    ("fedsteer(refresh_every=5, warmup_cycles=2)", "fmnist", "fedsteer_enforce5"),
+    ("fedsteer(core_size=10)", "emnist", "fedsteer"),
+    ("fedsteer(core_size=10)", "fmnist", None),
+    ("fedsteer(core_size=10, refresh_every=5)", "emnist", "fedsteer_enforce5"),
+    ("fedsteer(ordering=as_written)", "fmnist", None),
+    ("fedsteer(subsample=20)", None, None),
+    ("fedstale(beta=0.6)", "fmnist", "fedstale"),
+    ("fedvarp", "fmnist", "fedvarp"),
+    ("fedvarp(warmup_cycles=5)", "fmnist", None),
+    ("fedprox", "fmnist", "fedprox"),
+    ("fedprox(mu=0.5)", "fmnist", None),
+    ("full", None, "full"),
+])
+def test_role(label, dataset, expected):
+    assert A.role(label, dataset) == expected
+
+
+def test_paper_methods_cover_every_role():
+    for dataset in ("fmnist", "emnist", "cifar10"):
+        roles = [A.role(m.label, dataset) for m in paper_methods(dataset)]
+        assert set(roles) == set(A.ROLES)
+        assert roles.count("fedstale") == 5
+
+
+def test_parse_label_and_param():
+    assert A.parse_label("fedsteer(core_size=10, lam=0.0)") == ("fedsteer", {"core_size": "10", "lam": "0.0"})
+    assert A.label_param("fedsteer(core_size=10, lam=0.0)", "lam") == 0.0
+    assert A.label_param("fedsteer", "core_size") == 40.0  # METHODS default
+    assert A.label_param("fedsteer(ordering=as_written)", "ordering") == "as_written"
+
+
+# ------------------------------------------------------------------------------ Table 1
+def test_table1_means_std_and_best_beta(t1):
+    row = t1[(t1["gamma"] == 0.9) & (t1["role"] == "fedsteer")].iloc[0]
+    assert row["mean"] == pytest.approx(0.61)
+    assert row["std"] == pytest.approx(np.std([0.60, 0.62], ddof=1))
+    assert row["n"] == 2
+    assert row["paper"] == 0.554 and row["diff"] == pytest.approx(0.61 - 0.554)
+    stale9 = t1[(t1["gamma"] == 0.9) & (t1["role"] == "fedstale")].iloc[0]
+    assert stale9["label"] == "fedstale(beta=0.6)" and stale9["mean"] == pytest.approx(0.51)
+    assert bool(stale9["selected_by_test"]) and "test accuracy" in stale9["note"]
+    stale7 = t1[(t1["gamma"] == 0.7) & (t1["role"] == "fedstale")].iloc[0]
+    assert stale7["label"] == "fedstale(beta=0.9)"
+    # one row per role and gamma, in ROLES order; no paper number at γ=0.7
+    assert list(t1[t1["gamma"] == 0.9]["role"]) == list(A.ROLES)
+    assert t1[t1["gamma"] == 0.7]["paper"].isna().all()
+    # FedProx at 0.9 has one finite seed of two and one collapse
+    prox = t1[(t1["gamma"] == 0.9) & (t1["role"] == "fedprox")].iloc[0]
+    assert prox["n"] == 1 and prox["collapsed"] == 1
+
+
+def test_table1_single_seed_has_nan_std_and_display():
+    one = make_runs({0.9: {k: v[:1] for k, v in ACC[0.9].items()}})
+    t = A.table1(one)
+    assert t["std"].isna().all()
+    shown = A.table1_display(t)
+    assert shown.loc["FedSteer", ("γ=0.9", "ours (mean ± std)")] == "0.600 (n=1)"
+    assert shown.loc["FedSteer", ("γ=0.9", "paper")] == "0.554"
+    assert shown.loc["FedSteer", ("γ=0.9", "ours − paper")] == "+0.046"
+    assert shown.loc["FedVARP", ("γ=0.9", "paper")] == "—"
+    assert "test accuracy" in shown.loc["FedStale (best β)", ("γ=0.9", "run")]
+    assert list(shown.index)[:2] == ["Full participation", "FedSteer"]
+
+
+def test_table1_rejects_two_labels_for_one_role(runs):
+    extra = runs[runs["label"] == "fedsteer"].assign(label="fedsteer(warmup_cycles=2)")
+    dup = pd.concat([runs, extra])
+    with pytest.raises(ValueError, match="fedsteer"):
+        A.table1(dup)
+
+
+def test_table1_ignores_variants_outside_table1(runs):
+    variant = runs[runs["label"] == "fedsteer"].assign(label="fedsteer(ordering=as_written)", final_accuracy=0.99)
+    t = A.table1(pd.concat([runs, variant]))
+    assert t[(t["gamma"] == 0.9) & (t["role"] == "fedsteer")]["mean"].iloc[0] == pytest.approx(0.61)
+
+
+# ------------------------------------------------------------------------------ gains
+def test_gains(t1):
+    g = A.gains(t1)
+    r9 = g[(g["gamma"] == 0.9) & (g["role"] == "fedsteer")].iloc[0]
+    assert r9["gain_vs_fedavg"] == pytest.approx(0.61 / 0.52 - 1)
+    # best baseline at 0.9: FedAvg 0.52 (FedStale's best β gives 0.51, FedVARP 0.46)
+    assert r9["best_baseline"] == "FedAvg"
+    assert r9["paper_gain_vs_fedavg"] == 0.088 and bool(r9["headline"])
+    r7 = g[(g["gamma"] == 0.7) & (g["role"] == "fedsteer")].iloc[0]
+    assert r7["best_baseline"] == "FedVARP"  # full participation is not a baseline
+    assert r7["gain_vs_best_baseline"] == pytest.approx(0.71 / 0.74 - 1)
+    assert r7["paper_gain_vs_best_baseline"] == 0.078
+    e5 = g[(g["gamma"] == 0.9) & (g["role"] == "fedsteer_enforce5")].iloc[0]
+    assert not bool(e5["headline"]) and np.isnan(e5["paper_gain_vs_fedavg"])
+
+
+def test_collapse_counts(runs):
+    c = A.collapse_counts(runs)
+    prox = c[(c["gamma"] == 0.9) & (c["label"] == "fedprox")].iloc[0]
+    assert (prox["runs"], prox["non_finite"], prox["near_chance"]) == (2, 1, 2)  # 0.09 < 0.15 and NaN
+    scaf = c[(c["gamma"] == 0.9) & (c["label"] == "scaffold")].iloc[0]
+    assert scaf["near_chance"] == 2  # 0.11, 0.12 < 1.5 / 10
+    assert c[(c["gamma"] == 0.7)]["near_chance"].sum() == 0
+    assert A.collapse_counts(runs, chance_factor=1.0).query("gamma == 0.9 and label == 'scaffold'")["near_chance"].iloc[0] == 0
+
+
+# ------------------------------------------------------------------------------ vs the paper
+def test_compare_with_paper(t1, runs):
+    sub = A.subsample_table(runs, runs[runs["label"] == "fedsteer"].assign(
+        label="fedsteer(subsample=20)", final_accuracy=lambda d: d["final_accuracy"] - 0.06))
+    mem = A.memory_table(pd.DataFrame({"label": ["fedvarp", "fedsteer(core_size=10)", "fedsteer"],
+                                       "server_memory_bytes": [1000, 100, 250]}))
+    c = A.compare_with_paper(t1, subsample=sub, memory=mem).set_index("key")
+    assert c.loc["fmnist/0.9/fedsteer", "ours"] == pytest.approx(0.61)
+    assert c.loc["fmnist/0.9/fedsteer", "ours − paper"] == pytest.approx(0.61 - 0.554)
+    assert c.loc["fmnist/0.9/fedsteer", "status"] == "compared"
+    assert c.loc["fmnist/0.7/gain_vs_best", "ours"] == pytest.approx(0.71 / 0.74 - 1)
+    assert c.loc["emnist/0.9/fedsteer_enforce5", "status"].startswith("not run here")
+    assert np.isnan(c.loc["emnist/0.9/fedsteer_enforce5", "ours"])
+    assert c.loc["all/min_gain_vs_best", "ours"] == pytest.approx(min(0.61 / 0.52 - 1, 0.71 / 0.74 - 1))
+    assert c.loc["all/subsample_drop", "ours"] == pytest.approx(np.mean([0.06 / 0.61, 0.06 / 0.71]))
+    assert c.loc["all/memory_reduction", "ours"] == pytest.approx(10.0)
+    assert "|X|=10" in c.loc["all/memory_reduction", "our setting"]
+    assert len(c) == len(A.PAPER)
+
+
+def test_subsample_table_pairs_by_seed(runs):
+    steer = runs[runs["label"] == "fedsteer"]
+    sub = steer.assign(label="fedsteer(subsample=20)", final_accuracy=[0.5, 0.62, 0.7, 0.72])
+    t = A.subsample_table(runs, sub).set_index("gamma")
+    assert t.loc[0.9, "drop (points)"] == pytest.approx(np.mean([0.10, 0.0]))
+    assert t.loc[0.9, "drop (relative)"] == pytest.approx((0.61 - 0.56) / 0.61)
+    assert t.loc[0.7, "drop (points)"] == pytest.approx(0.0)
+    assert t.loc[0.9, "n"] == 2
+
+
+def test_memory_table_ratio():
+    m = A.memory_table(pd.DataFrame({"label": ["fedavg", "fedvarp", "fedsteer(core_size=20)"],
+                                     "server_memory_bytes": [0, 4 * 2**20, 2**20]})).set_index("label")
+    assert m.loc["fedsteer(core_size=20)", "fedvarp_over_this"] == pytest.approx(4.0)
+    assert m.loc["fedsteer(core_size=20)", "core_size"] == 20
+    assert np.isnan(m.loc["fedavg", "fedvarp_over_this"]) and np.isnan(m.loc["fedavg", "core_size"])
+    assert m.loc["fedvarp", "MiB"] == pytest.approx(4.0)
+
+
+# ------------------------------------------------------------------------------ ablations
+def test_verdict_wording():
+    assert "single seed" in A.verdict([0.05], "a", "b")
+    assert "0.050 higher" in A.verdict([0.05], "a", "b")
+    assert "clear difference" in A.verdict([0.10, 0.11, 0.09], "a", "b")
+    assert "lower" in A.verdict([-0.10, -0.11, -0.09], "a", "b")
+    assert "within noise" in A.verdict([0.10, -0.12, 0.01], "a", "b")
+    assert "no paired runs" in A.verdict([], "a", "b")
+
+
+def test_paired_comparison(runs):
+    a = runs[runs["label"] == "fedsteer"]
+    b = runs[runs["label"] == "fedsteer(refresh_every=5)"]
+    p = A.paired_comparison(a, b, "default", "enforce=5").set_index("gamma")
+    assert p.loc[0.9, "difference"] == pytest.approx(np.mean([0.02, 0.06]))
+    assert p.loc[0.9, "s.e."] == pytest.approx(np.std([0.02, 0.06], ddof=1) / math.sqrt(2))
+    assert p.loc[0.9, "wins"] == "2/2"
+    assert p.loc[0.9, "default"] == pytest.approx(0.61)
+    assert p.loc[0.7, "difference"] == pytest.approx(0.02)
+    # a seed missing on one side is not paired
+    p1 = A.paired_comparison(a[a["seed"] == 0], b, "default", "enforce=5")
+    assert set(p1["n"]) == {1} and p1["s.e."].isna().all()
+
+
+def test_coreset_lambda_and_fig5_verdicts():
+    rows = []
+    for k, lam, accs in [(10, 0.0, (0.4, 0.5)), (10, 0.5, (0.6, 0.6)), (40, 0.0, (0.7, 0.7)), (40, 0.5, (0.6, 0.6)),
+                         (80, 0.0, (0.5, 0.5)), (80, 0.5, (0.6, 0.6)), (160, 0.0, (0.3, 0.3)), (160, 0.5, (0.2, 0.2))]:
+        for seed, a in enumerate(accs):
+            rows.append({"dataset": "emnist", "gamma": 0.9, "seed": seed, "final_accuracy": a,
+                         "label": f"fedsteer(core_size={k}, lam={lam}, refresh_every=5)"})
+    table = A.coreset_lambda_table(pd.DataFrame(rows))
+    assert table.set_index(["core_size", "lam"]).loc[(10, 0.0), "mean"] == pytest.approx(0.45)
+    v = A.fig5_verdicts(table).set_index("|X|")
+    assert v.loc[10, "better here"] == "λ=0.5" and v.loc[10, "agrees"] == True  # noqa: E712
+    assert v.loc[40, "better here"] == "λ=0" and v.loc[40, "agrees"] == True  # noqa: E712
+    assert v.loc[80, "agrees"] == False  # noqa: E712  (paper: λ=0 better for 40..80)
+    assert v.loc[160, "agrees"] is None
+    assert v.loc[10, "λ=0.5 − λ=0"] == pytest.approx(0.15)
+
+
+# ------------------------------------------------------------------------------ claims
+def test_claims_checklist(t1, runs):
+    sub = A.subsample_table(runs, runs[runs["label"] == "fedsteer"].assign(
+        label="fedsteer(subsample=20)", final_accuracy=lambda d: d["final_accuracy"] - 0.2))
+    c = A.claims_checklist(t1, subsample=sub)
+    def get(claim, gamma=None):
+        sel = c[(c["claim"] == claim) & c["data set"].isin(["fmnist", "all run here"])]
+        if gamma is not None:
+            sel = sel[np.isclose(sel["γ"], gamma)]
+        assert len(sel) == 1, claim
+        return sel.iloc[0]
+    assert get("FedSteer beats FedAvg", 0.9)["holds"] is True
+    assert get("FedSteer beats FedAvg", 0.9)["ours"] == A.format_pct(0.61 / 0.52 - 1)
+    assert get("FedAvg is the next-best method", 0.9)["holds"] is True
+    assert get("FedSteer beats the best baseline", 0.7)["holds"] is False  # FedVARP 0.74 > 0.71
+    assert get("gain over the next-best method is at least 7.9 % in every setting")["holds"] is False
+    assert get("FedSteer second only to full participation", 0.9)["holds"] is True
+    assert c[(c["claim"] == "FedSteer second only to full participation") & (c["data set"] == "cifar10")]["holds"].iloc[0] is None
+    assert c[c["data set"] == "emnist"]["holds"].isna().all()
+    # subsampled 0.41 at γ=0.9 is below the best baseline 0.52; 0.51 at γ=0.7 below 0.74
+    beats = c[c["claim"] == "subsampled FedSteer still beats every baseline"]
+    assert list(beats["holds"]) == [False, False]
+
+
+def test_claims_checklist_emnist():
+    acc = {0.9: {"fedavg": (0.31,), "fedvarp": (0.28,), "fedstale(beta=0.5)": (0.30,), "mifa": (0.33,),
+                 "scaffold": (0.02,), "fedprox": (0.10,), "fedsteer(core_size=10)": (0.5,),
+                 "fedsteer(core_size=10, refresh_every=5)": (0.62,), "full": (0.8,)}}
+    c = A.claims_checklist(A.table1(make_runs(acc, dataset="emnist")))
+    holds = dict(zip(c["claim"], c["holds"]))
+    assert holds["FedVARP on par with or worse than FedAvg"] is True
+    assert holds["MIFA on par with or worse than FedAvg"] is False  # 0.33 > 0.31 + 0.01
+    assert holds["SCAFFOLD collapses"] is True
+    assert holds["FedProx collapses"] is False  # 0.10 > 1.5 / 47
+    assert holds["FedSteer (enforce=5) nearly doubles the best baseline"] is True  # 0.62 / 0.31 = 2.0
+
+
+def test_format_pct():
+    assert A.format_pct(0.088) == "+8.8 %"
+    assert A.format_pct(-0.0123) == "-1.2 %"
+    assert A.format_pct(0.025, signed=False) == "2.5 %"
+    assert A.format_pct(float("nan")) == "—"
+
+
+# ------------------------------------------------------------------------------ configs
+def test_configs_follow_the_book_seeds():
+    from fedsteer_lib.book import setup
+
+    book = setup("quick", "fmnist", seeds=(3, 4))
+    main = A.main_configs(book)
+    assert {c.seed for c in main} == {3, 4} and len(main) == 14 * 2
+    stale = A.main_configs(book, roles=["fedstale"])
+    assert len(stale) == 5 * 2 and {c.method.name for c in stale} == {"fedstale"}
+    abl = A.ablation_configs(book)
+    assert {c.seed for c in abl["coreset_lambda"]} == {3}  # quick: ablation_seeds = 1
+    assert {c.seed for c in abl["subsampled"]} == {3, 4}
+    assert len(abl["fair_start"]) == 2 * 2
+    default = A.ablation_configs(setup("quick", "fmnist"))
+    assert {c.seed for c in default["ordering"]} == {0}
+    assert re.search("emnist", A.SWEEP_COMMAND.format(dataset="emnist"))
