@@ -40,7 +40,7 @@ from .config import DATASET_DEFAULTS, METHODS, RunConfig, method, paper_methods
 __all__ = [
     "PaperNumber", "PAPER", "PaperStatement", "PAPER_STATEMENTS", "ROLES", "ROLE_NAMES", "BASELINES",
     "HEADLINE_FEDSTEER", "NUM_CLASSES", "plain", "paper_table", "paper_value", "parse_label", "role",
-    "label_param", "summarize", "table1", "table1_display", "gains", "collapse_counts",
+    "label_param", "clean_label", "summarize", "table1", "table1_display", "gains", "collapse_counts",
     "compare_with_paper", "paired_comparison", "verdict", "coreset_lambda_table", "fig5_verdicts",
     "subsample_table", "memory_table", "claims_checklist", "format_pct", "main_configs",
     "ablation_configs", "SWEEP_COMMAND", "DATASET_NAMES", "by_role", "profile_note", "fedstale_table",
@@ -325,7 +325,8 @@ def _fmt(mean: float, std: float, n: int) -> str:
 
 
 def table1_display(t1: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 as strings: rows = methods, columns = (γ, ours / paper / ours − paper)."""
+    """Table 1 as strings: rows = methods, columns = (γ, ours / paper / ours − paper / note); the
+    note names FedStale's β and that it was chosen by test accuracy."""
     if t1.empty:
         return pd.DataFrame()
     pieces = {}
@@ -336,7 +337,8 @@ def table1_display(t1: pd.DataFrame) -> pd.DataFrame:
         pieces[(f"γ={gamma:g}", "paper")] = grp["paper"].map(lambda v: f"{v:.3f}" if v == v else "—")
         pieces[(f"γ={gamma:g}", "ours − paper")] = grp["diff"].map(lambda v: f"{v:+.3f}" if v == v else "—")
         labels = grp["label"].where(grp["role"] == "fedstale", "")
-        pieces[(f"γ={gamma:g}", "run")] = labels.map(lambda v: f"{v} — {FEDSTALE_NOTE}" if v else "")
+        pieces[(f"γ={gamma:g}", "note")] = labels.map(
+            lambda v: f"β={label_param(v, 'beta'):g}, chosen by test accuracy" if v else "")
     out = pd.DataFrame(pieces)
     order = [ROLE_NAMES[r] for r in ROLES if ROLE_NAMES[r] in out.index]
     out = out.loc[order]
@@ -382,6 +384,29 @@ def gains(t1: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def clean_label(label: str) -> str:
+    """A FedSteer label without its warm-up length (the quick profile shortens the warm-up of
+    every FedSteer run alike, so it names no variant); other labels unchanged (for FedVARP and
+    MIFA a warm-up is the fair-start variant). 'fedsteer(lam=0.0, warmup_cycles=2)' ->
+    'fedsteer(lam=0.0)'."""
+    name, params = parse_label(label)
+    if name != "fedsteer" or "warmup_cycles" not in params:
+        return label
+    rest = [f"{k}={v}" for k, v in params.items() if k != "warmup_cycles"]
+    return name + (f"({', '.join(rest)})" if rest else "")
+
+
+def _display(label: str, dataset: str | None = None) -> str:
+    """A run label for reading: its Table 1 name where it has a role (FedStale with its β),
+    else `plotting.common.display_name`."""
+    from .plotting.common import display_name
+
+    r = role(label, dataset)
+    if r is None or r == "fedstale":
+        return display_name(label)
+    return ROLE_NAMES[r]
+
+
 def collapse_counts(runs: pd.DataFrame, chance_factor: float = 1.5) -> pd.DataFrame:
     """Per (dataset, gamma, label): runs, runs stopped on a non-finite update (`collapsed`),
     and runs whose final accuracy is below `chance_factor` x chance (the paper's sense of
@@ -395,8 +420,8 @@ def collapse_counts(runs: pd.DataFrame, chance_factor: float = 1.5) -> pd.DataFr
     out = g.agg(runs=("seed", "count"), non_finite=("collapsed", "sum"), near_chance=("near_chance", "sum")).reset_index()
     out["non_finite"] = out["non_finite"].astype(int)
     out["near_chance"] = out["near_chance"].astype(int)
-    from .plotting.common import display_name, method_order
-    out["method"] = out["label"].map(display_name)
+    from .plotting.common import method_order
+    out["method"] = [_display(lab, ds) for lab, ds in zip(out["label"], out["dataset"])]
     order = {lab: i for i, lab in enumerate(method_order(out["label"]))}
     out = out.sort_values(["dataset", "gamma", "label"], key=lambda c: c.map(order) if c.name == "label" else c)
     return out[["dataset", "gamma", "label", "method", "runs", "non_finite", "near_chance"]].reset_index(drop=True)
@@ -424,10 +449,11 @@ def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=["label", "method", "core_size", "bytes", "MiB", "fedvarp_over_this"])
     g = runs.groupby("label", sort=False)["server_memory_bytes"].max().reset_index()
-    from .plotting.common import display_name
     varp = g.loc[g["label"].map(lambda l: parse_label(l)[0]) == "fedvarp", "server_memory_bytes"]
     ref = float(varp.max()) if not varp.empty else float("nan")
-    g["method"] = g["label"].map(display_name)
+    from .plotting.common import display_name
+
+    g["method"] = g["label"].map(lambda l: display_name(clean_label(l)))
     g["core_size"] = [label_param(l, "core_size") if parse_label(l)[0] == "fedsteer" else np.nan for l in g["label"]]
     g["MiB"] = g["server_memory_bytes"] / 2**20
     g["fedvarp_over_this"] = ref / g["server_memory_bytes"].replace(0, np.nan)
@@ -757,7 +783,7 @@ def choices_table() -> pd.DataFrame:
     import inspect
 
     from . import engine, strategies, tuning
-    from .config import METHODS
+    from .config import METHODS, TUNED
 
     def first_line(obj) -> str:
         return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split()).rstrip(".")
@@ -776,6 +802,9 @@ def choices_table() -> pd.DataFrame:
     augmented = any(w in prepare_src.lower() for w in ("augment", "flip", "crop"))
     return pd.DataFrame([
         ("training hyperparameters (E, batch size, learning rates)", protocol, "tuning, config.TUNED"),
+        ("hyperparameters of EMNIST and CIFAR-10",
+         "the Fashion-MNIST choice (not tuned on their own data)" if TUNED["emnist"] == TUNED["fmnist"]
+         and TUNED["cifar10"] == TUNED["fmnist"] else "tuned per data set (config.TUNED)", "config.TUNED"),
         ("FedAvg in the tables", first_line(strategies.FedAvg)
          + "; the unbiased form is reported as well: " + first_line(strategies.FedAvgUnbiased), "strategies.FedAvg"),
         ("FedSteer estimator ordering", f"default ordering={METHODS['fedsteer']['ordering']!r}: " + ordering,
@@ -810,7 +839,7 @@ def tuning_evidence(dataset: str = "fmnist", root=None) -> tuple[pd.DataFrame | 
     the runs are (partly) not computed yet. Never raises for missing runs."""
     from .config import TUNED
     from .results import has_run
-    from .tuning import select, tuning_configs, tuning_table
+    from .tuning import GRID, select, tuning_configs, tuning_table
 
     configs = tuning_configs(dataset)
     present = [c for c in configs if has_run(c, root)]
@@ -828,6 +857,15 @@ def tuning_evidence(dataset: str = "fmnist", root=None) -> tuple[pd.DataFrame | 
             f"(mean validation accuracy over the last rounds {pick['val_accuracy_last10']:.3f}); `config.TUNED` holds "
             f"client lr {frozen.client_lr:g} and E = {frozen.local_epochs}: "
             + ("**they agree**." if agrees else "**they differ: config.TUNED is not the tuned choice**."))
+    edges = [name for name, key in (("client lr", "client_lr"), ("E", "local_epochs"))
+             if pick[key] in (min(GRID[key]), max(GRID[key]))]
+    if edges:
+        text += (f" The chosen {' and '.join(edges)} {'lies' if len(edges) == 1 else 'lie'} at the edge of the "
+                 "tuning grid, so a better value may lie outside it.")
+    collapsed = table[table["collapsed"]]
+    if not collapsed.empty:
+        text += " Collapsed grid points: " + "; ".join(
+            f"lr {r.client_lr:g}, E={r.local_epochs}, γ={r.gamma:g}" for r in collapsed.itertuples()) + "."
     return table, text
 
 
@@ -868,13 +906,11 @@ def gains_display(g: pd.DataFrame) -> pd.DataFrame:
 def describe_collapses(counts: pd.DataFrame) -> str:
     """One Markdown sentence on `collapse_counts`: how many runs stopped on a non-finite update
     and how many ended near chance, and of which methods."""
-    from .plotting.common import display_name
-
     total = int(counts["runs"].sum())
 
     def which(col: str) -> str:
         hit = counts[counts[col] > 0]
-        return ", ".join(f"{display_name(r.label)} at γ={r.gamma:g} ({getattr(r, col)}/{r.runs})" for r in hit.itertuples())
+        return ", ".join(f"{r.method} at γ={r.gamma:g} ({getattr(r, col)}/{r.runs})" for r in hit.itertuples())
 
     nf, nc = int(counts["non_finite"].sum()), int(counts["near_chance"].sum())
     return (f"Of {total} runs, **{nf}** stopped on a non-finite update" + (f": {which('non_finite')}" if nf else "")

@@ -147,7 +147,8 @@ def test_table1_single_seed_has_nan_std_and_display():
     assert shown.loc["FedSteer", ("γ=0.9", "paper")] == "0.554"
     assert shown.loc["FedSteer", ("γ=0.9", "ours − paper")] == "+0.046"
     assert shown.loc["FedVARP", ("γ=0.9", "paper")] == "—"
-    assert "test accuracy" in shown.loc["FedStale (best β)", ("γ=0.9", "run")]
+    assert shown.loc["FedStale (best β)", ("γ=0.9", "note")] == "β=0.6, chosen by test accuracy"
+    assert shown.loc["FedSteer", ("γ=0.9", "note")] == ""
     assert list(shown.index)[:2] == ["Full participation", "FedSteer"]
 
 
@@ -330,3 +331,12 @@ def test_configs_follow_the_book_seeds():
     default = A.ablation_configs(setup("quick", "fmnist"))
     assert {c.seed for c in default["ordering"]} == {0}
     assert re.search("emnist", A.SWEEP_COMMAND.format(dataset="emnist"))
+
+
+def test_clean_label_and_memory_names():
+    assert A.clean_label("fedsteer(core_size=5, lam=0.0, refresh_every=5, warmup_cycles=2)") == \
+        "fedsteer(core_size=5, lam=0.0, refresh_every=5)"
+    assert A.clean_label("fedsteer(warmup_cycles=2)") == "fedsteer"
+    assert A.clean_label("fedvarp(warmup_cycles=2)") == "fedvarp(warmup_cycles=2)"
+    m = A.memory_table(pd.DataFrame({"label": ["fedsteer(core_size=5, warmup_cycles=2)"], "server_memory_bytes": [10]}))
+    assert m["method"].iloc[0] == "FedSteer (|X|=5)"

@@ -15,6 +15,7 @@ import pandas as pd
 
 from matplotlib.ticker import PercentFormatter
 
+from ..analysis import clean_label
 from .common import display_name, method_order, palette, plot_curves
 
 _SHORT = {"gain_vs_fedavg": "gain vs FedAvg", "gain_vs_best_baseline": "gain vs best baseline",
@@ -22,6 +23,21 @@ _SHORT = {"gain_vs_fedavg": "gain vs FedAvg", "gain_vs_best_baseline": "gain vs 
 
 __all__ = ["plot_accuracy_by_gamma", "plot_convergence", "plot_table1_bars", "plot_ours_vs_paper",
            "plot_coreset_lambda", "plot_differences", "plot_memory"]
+
+
+def _clean(curves: pd.DataFrame) -> pd.DataFrame:
+    out = curves.copy()
+    out["label"] = out["label"].map(_clean_label)
+    return out
+
+
+def _shared_legend(fig: plt.Figure, axes) -> None:
+    """One legend under the panels instead of one inside each."""
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8, frameon=False)
 
 
 def _labels_at(t1: pd.DataFrame | None, gamma: float, curves: pd.DataFrame) -> list[str]:
@@ -36,15 +52,16 @@ def plot_accuracy_by_gamma(curves: pd.DataFrame, t1: pd.DataFrame | None = None,
     """Fig. 4: test accuracy vs round, one panel per gamma, mean ± std over seeds. With `t1`
     (analysis.table1) only Table 1's rows are drawn (FedStale at its best β)."""
     gammas = sorted(curves["gamma"].unique())
-    fig, axes = plt.subplots(1, len(gammas), figsize=(6.2 * len(gammas), 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(gammas), figsize=(max(7.0, 6.2 * len(gammas)), 5.0), squeeze=False, sharey=True)
     for ax, gamma in zip(axes[0], gammas):
         sub = curves[np.isclose(curves["gamma"], gamma)]
         seeds = sub["seed"].nunique()
-        plot_curves(sub, ax, metric=metric, labels=_labels_at(t1, gamma, sub),
+        plot_curves(_clean(sub), ax, metric=metric, labels=[clean_label(l) for l in _labels_at(t1, gamma, sub)],
                     title=f"{dataset_name} γ={gamma:g} ({seeds} seed{'s' if seeds != 1 else ''})".strip())
         ax.set_ylabel(f"test {metric}")
+    _shared_legend(fig, axes[0])
     fig.suptitle("Fig. 4 — test accuracy during training (mean ± std over seeds)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
 
@@ -54,16 +71,18 @@ def plot_convergence(curves: pd.DataFrame, gamma: float, labels: Sequence[str] |
     test accuracy and test loss vs round, mean ± std over seeds."""
     sub = curves[np.isclose(curves["gamma"], gamma)]
     labels = list(labels) if labels is not None else list(sub["label"].unique())
-    fig, axes = plt.subplots(1, 2, figsize=(12.4, 4.2))
-    plot_curves(sub, axes[0], metric="accuracy", labels=labels, title="test accuracy")
-    plot_curves(sub, axes[1], metric="loss", labels=labels, title="test loss")
+    fig, axes = plt.subplots(1, 2, figsize=(12.4, 5.0))
+    clean, clean_labels = _clean(sub), [clean_label(l) for l in labels]
+    plot_curves(clean, axes[0], metric="accuracy", labels=clean_labels, title="test accuracy")
+    plot_curves(clean, axes[1], metric="loss", labels=clean_labels, title="test loss")
     axes[0].set_ylabel("test accuracy")
     axes[1].set_ylabel("test loss (cross-entropy)")
     finite = sub.loc[sub["label"].isin(labels), "loss"].replace([np.inf, -np.inf], np.nan).dropna()
     if not finite.empty:
         axes[1].set_ylim(0, min(float(finite.quantile(0.98)) * 1.1, float(finite.max()) * 1.05))
+    _shared_legend(fig, axes)
     fig.suptitle(f"{figure} — {dataset_name} convergence at γ={gamma:g}".replace("  ", " "))
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
 
@@ -168,7 +187,8 @@ def plot_differences(comparisons: pd.DataFrame, *, title: str = "Ablations: pair
 def plot_memory(memory: pd.DataFrame) -> plt.Figure:
     """Server memory per method (MiB, log scale), as measured at the end of the runs."""
     m = memory.copy()
-    m = m.set_index("label").loc[method_order(m["label"])].reset_index()
+    m["label"] = m["label"].map(_clean_label)
+    m = m.drop_duplicates("label").set_index("label").loc[method_order(m["label"].unique())].reset_index()
     colours = palette(m["label"])
     fig, ax = plt.subplots(figsize=(7.5, 0.4 * len(m) + 1.6))
     y = np.arange(len(m))[::-1]
