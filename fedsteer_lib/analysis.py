@@ -385,11 +385,14 @@ def gains(t1: pd.DataFrame) -> pd.DataFrame:
 
 
 def clean_label(label: str) -> str:
-    """A FedSteer label without its warm-up length (the quick profile shortens the warm-up of
-    every FedSteer run alike, so it names no variant); other labels unchanged (for FedVARP and
-    MIFA a warm-up is the fair-start variant). 'fedsteer(lam=0.0, warmup_cycles=2)' ->
-    'fedsteer(lam=0.0)'."""
+    """A label for reading: FedSteer without its warm-up length (the quick profile shortens the
+    warm-up of every FedSteer run alike, so it names no variant), FedStale with its β even when
+    it is the default; other labels unchanged (for FedVARP and MIFA a warm-up is the fair-start
+    variant). 'fedsteer(lam=0.0, warmup_cycles=2)' -> 'fedsteer(lam=0.0)', 'fedstale' ->
+    'fedstale(beta=0.7)'."""
     name, params = parse_label(label)
+    if name == "fedstale" and "beta" not in params:
+        return f"fedstale(beta={METHODS['fedstale']['beta']})"
     if name != "fedsteer" or "warmup_cycles" not in params:
         return label
     rest = [f"{k}={v}" for k, v in params.items() if k != "warmup_cycles"]
@@ -403,7 +406,7 @@ def _display(label: str, dataset: str | None = None) -> str:
 
     r = role(label, dataset)
     if r is None or r == "fedstale":
-        return display_name(label)
+        return display_name(clean_label(label))
     return ROLE_NAMES[r]
 
 

@@ -338,5 +338,7 @@ def test_clean_label_and_memory_names():
         "fedsteer(core_size=5, lam=0.0, refresh_every=5)"
     assert A.clean_label("fedsteer(warmup_cycles=2)") == "fedsteer"
     assert A.clean_label("fedvarp(warmup_cycles=2)") == "fedvarp(warmup_cycles=2)"
+    assert A.clean_label("fedstale") == "fedstale(beta=0.7)"
+    assert A.clean_label("fedstale(beta=0.5)") == "fedstale(beta=0.5)"
     m = A.memory_table(pd.DataFrame({"label": ["fedsteer(core_size=5, warmup_cycles=2)"], "server_memory_bytes": [10]}))
     assert m["method"].iloc[0] == "FedSteer (|X|=5)"

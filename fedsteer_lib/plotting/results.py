@@ -27,7 +27,7 @@ __all__ = ["plot_accuracy_by_gamma", "plot_convergence", "plot_table1_bars", "pl
 
 def _clean(curves: pd.DataFrame) -> pd.DataFrame:
     out = curves.copy()
-    out["label"] = out["label"].map(_clean_label)
+    out["label"] = out["label"].map(clean_label)
     return out
 
 
@@ -187,7 +187,7 @@ def plot_differences(comparisons: pd.DataFrame, *, title: str = "Ablations: pair
 def plot_memory(memory: pd.DataFrame) -> plt.Figure:
     """Server memory per method (MiB, log scale), as measured at the end of the runs."""
     m = memory.copy()
-    m["label"] = m["label"].map(_clean_label)
+    m["label"] = m["label"].map(clean_label)
     m = m.drop_duplicates("label").set_index("label").loc[method_order(m["label"].unique())].reset_index()
     colours = palette(m["label"])
     fig, ax = plt.subplots(figsize=(7.5, 0.4 * len(m) + 1.6))
