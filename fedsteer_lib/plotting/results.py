@@ -171,7 +171,7 @@ def plot_differences(comparisons: pd.DataFrame, *, title: str = "Ablations: pair
     y = np.arange(len(rows))[::-1]
     err = (2 * rows["s.e."]).fillna(0.0)
     colours = ["tab:green" if d > 0 else "tab:red" for d in rows["difference"]]
-    ax.barh(y, rows["difference"], xerr=err, color=colours, alpha=0.8, capsize=3)
+    ax.barh(y, rows["difference"], xerr=err if (err > 0).any() else None, color=colours, alpha=0.8, capsize=3)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [f"{c} (γ={g:g}, n={n})" for c, g, n in zip(rows["comparison"], rows["gamma"], rows["n"])],
                   fontsize=8)
@@ -185,17 +185,32 @@ def plot_differences(comparisons: pd.DataFrame, *, title: str = "Ablations: pair
 
 
 def plot_memory(memory: pd.DataFrame) -> plt.Figure:
-    """Server memory per method (MiB, log scale), as measured at the end of the runs."""
+    """Server memory per method (MiB), as measured at the end of the runs; FedSteer
+    variants in red with FedVARP's memory over theirs written at the bar. Methods that keep no
+    server state (FedAvg, FedProx, full participation) are named in the title, not drawn."""
     m = memory.copy()
     m["label"] = m["label"].map(clean_label)
     m = m.drop_duplicates("label").set_index("label").loc[method_order(m["label"].unique())].reset_index()
-    colours = palette(m["label"])
-    fig, ax = plt.subplots(figsize=(7.5, 0.4 * len(m) + 1.6))
+    stateless = m[m["bytes"] <= 0]
+    m = m[m["bytes"] > 0]
+    steer = m["label"].str.startswith("fedsteer")
+    fig, ax = plt.subplots(figsize=(7.5, 0.4 * len(m) + 1.8))
     y = np.arange(len(m))[::-1]
-    ax.barh(y, m["MiB"].clip(lower=1e-3), color=[colours[l] for l in m["label"]])
-    ax.set_xscale("log")
+    ax.barh(y, m["MiB"], color=np.where(steer, "tab:red", "tab:blue"))
+    for yi, (_, r) in zip(y, m.iterrows()):
+        if r["label"].startswith("fedsteer") and r["fedvarp_over_this"] == r["fedvarp_over_this"]:
+            ax.text(r["MiB"] + 0.01 * float(m["MiB"].max()), yi, f"{r['fedvarp_over_this']:.1f}× less than FedVARP", va="center", fontsize=7)
     ax.set_yticks(y, [display_name(l) for l in m["label"]], fontsize=8)
-    ax.set_xlabel("server memory (MiB, log scale)")
-    ax.set_title("Server memory of each method (state tensors at the end of a run)")
-    fig.tight_layout()
+    ax.set_xlabel("server memory (MiB)")
+    if not m.empty:
+        ax.set_xlim(0, float(m["MiB"].max()) * 1.35)
+    title = "Server memory (state tensors at the end of a run)"
+    if not stateless.empty:
+        title += "\nno server state: " + ", ".join(display_name(l) for l in stateless["label"])
+    ax.set_title(title, fontsize=10)
+    from matplotlib.patches import Patch
+    fig.legend(handles=[Patch(color="tab:red", label="FedSteer: O(N|X| + |X|d)"),
+                        Patch(color="tab:blue", label="one vector per client: O(Nd)")],
+               fontsize=8, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
