@@ -3,8 +3,10 @@ ablation comparisons and the claims checklist.
 
 Every function takes the tidy tables of `Book.runs` (one row per run: dataset, method, label,
 gamma, seed, final_accuracy, collapsed, server_memory_bytes, ...) and returns a pandas
-DataFrame; nothing here trains a model or reads the results cache, except the two helpers
-`main_configs` / `ablation_configs`, which only *build* the run configurations a chapter needs.
+DataFrame or a Markdown string (the `describe_*` functions, whose sentences the chapters
+display instead of typing numbers). Nothing here trains a model. `main_configs` /
+`ablation_configs` only *build* the run configurations of a chapter; `tuning_evidence` and
+`remaining_runs` look into a results cache (which runs exist) without computing anything.
 
 The paper's numbers
 -------------------
@@ -35,7 +37,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .config import DATASET_DEFAULTS, METHODS, RunConfig, method, paper_methods
+from .config import DATASET_DEFAULTS, METHODS, RunConfig, paper_methods
 
 __all__ = [
     "PaperNumber", "PAPER", "PaperStatement", "PAPER_STATEMENTS", "ROLES", "ROLE_NAMES", "BASELINES",
@@ -46,7 +48,7 @@ __all__ = [
     "ablation_configs", "SWEEP_COMMAND", "DATASET_NAMES", "by_role", "profile_note", "fedstale_table",
     "describe_gains", "choices_table", "model_table", "tuning_evidence", "remaining_runs",
     "gains_display", "describe_collapses", "main_findings", "compare_display", "describe_claims",
-    "smoke_test_note",
+    "smoke_test_note", "describe_comparison",
 ]
 
 # ------------------------------------------------------------------------------ constants
@@ -266,7 +268,7 @@ def role(label: str, dataset: str | None = None) -> str | None:
 
 
 # ------------------------------------------------------------------------------ Table 1
-def _sem_std(values: pd.Series) -> float:
+def _std(values: pd.Series) -> float:
     return float(values.std(ddof=1)) if values.notna().sum() > 1 else float("nan")
 
 
@@ -276,7 +278,7 @@ def summarize(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFram
         return pd.DataFrame(columns=["dataset", "gamma", "label", "role", "mean", "std", "n", "collapsed"])
     g = runs.groupby(["dataset", "gamma", "label"], sort=False)
     out = g[metric].agg(mean="mean", n="count").reset_index()
-    out["std"] = g[metric].agg(_sem_std).values
+    out["std"] = g[metric].agg(_std).values
     out["collapsed"] = g["collapsed"].sum().astype(int).values if "collapsed" in runs else 0
     out["role"] = [role(lab, ds) for lab, ds in zip(out["label"], out["dataset"])]
     return out[["dataset", "gamma", "label", "role", "mean", "std", "n", "collapsed"]]
@@ -560,7 +562,7 @@ def coreset_lambda_table(runs: pd.DataFrame, metric: str = "final_accuracy") -> 
     r["lam"] = r["label"].map(lambda l: float(label_param(l, "lam")))
     g = r.groupby(["dataset", "gamma", "core_size", "lam"])[metric]
     out = g.agg(mean="mean", n="count").reset_index()
-    out["std"] = g.agg(_sem_std).values
+    out["std"] = g.agg(_std).values
     return out
 
 
@@ -976,3 +978,24 @@ def describe_claims(claims: pd.DataFrame) -> str:
                                           claims.loc[holds == False, "γ"]))
     return (f"Of {len(claims)} claim checks, **{yes} hold**, **{no} do not**" + (f" ({failed})" if no else "")
             + f", and **{na}** cannot be decided here (data set not run, or no threshold stated).")
+
+
+def describe_comparison(compare: pd.DataFrame, profile=None) -> str:
+    """Markdown bullets on `compare_with_paper`: how many quoted numbers we could compare, the
+    range of ours − paper for accuracies and the largest gap, and every gain next to the paper's."""
+    done = compare[compare["status"] == "compared"]
+    acc = done[done["quantity"] == "final_accuracy"]
+    lines = [f"- **{len(done)}** of the paper's {len(compare)} quoted numbers have a counterpart in our runs; "
+             f"{int(compare['status'].str.startswith('not run here').sum())} belong to data sets not run here."]
+    if not acc.empty:
+        worst = acc.loc[acc["ours − paper"].abs().idxmax()]
+        lines.append(f"- Accuracies: ours − paper ranges from {acc['ours − paper'].min():+.3f} to "
+                     f"{acc['ours − paper'].max():+.3f}; the largest gap is {worst['method']} at γ={worst['γ']:g} "
+                     f"({worst['ours']:.3f} vs {worst['paper']:.3f}).")
+    for _, r in done[done["quantity"].str.contains("gain")].iterrows():
+        where = f"{r['data set']}, γ={r['γ']:g}" if r["γ"] == r["γ"] else "every setting run here"
+        lines.append(f"- {r['quantity'].replace('_', ' ')} ({where}): ours {format_pct(r['ours'])}, "
+                     f"paper {format_pct(r['paper'])}.")
+    if profile is not None and smoke_test_note(profile):
+        lines.append(f"- {smoke_test_note(profile)}")
+    return "\n".join(lines)

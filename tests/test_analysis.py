@@ -342,3 +342,17 @@ def test_clean_label_and_memory_names():
     assert A.clean_label("fedstale(beta=0.5)") == "fedstale(beta=0.5)"
     m = A.memory_table(pd.DataFrame({"label": ["fedsteer(core_size=5, warmup_cycles=2)"], "server_memory_bytes": [10]}))
     assert m["method"].iloc[0] == "FedSteer (|X|=5)"
+
+
+def test_describe_comparison_and_claims(t1):
+    from fedsteer_lib.config import PROFILES
+
+    text = A.describe_comparison(A.compare_with_paper(t1), PROFILES["quick"])
+    assert "**6** of the paper's 17 quoted numbers" in text  # 2 accuracies + 3 gains + the minimum gain
+    assert "from +0.011 to +0.056" in text and "FedSteer at γ=0.9 (0.610 vs 0.554)" in text
+    assert "smoke test" in text
+    assert "smoke test" not in A.describe_comparison(A.compare_with_paper(t1), PROFILES["paper"])
+    claims = A.claims_checklist(t1)
+    summary = A.describe_claims(claims)
+    n_true = int((claims["holds"] == True).sum())  # noqa: E712
+    assert f"**{n_true} hold**" in summary and f"Of {len(claims)} claim checks" in summary

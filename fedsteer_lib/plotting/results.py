@@ -7,7 +7,7 @@ the matplotlib Figure it drew (titles, labelled axes and legends included); call
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
