@@ -48,9 +48,9 @@ def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "c
     return grid(dataset, paper_methods(dataset), profile, device=device)
 
 
-def ablation_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> dict[str, list[RunConfig]]:
+def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> dict[str, list[RunConfig]]:
     """The ablations of the book's chapter 7, by name."""
-    prof = get_profile(profile)
+    prof = get_profile(profile) if isinstance(profile, str) else profile
     dd = DATASET_DEFAULTS[dataset]
     k, lam = dd["core_size"], dd["lam"]
     few = prof.seeds[: prof.ablation_seeds]  # Fig. 5's grid uses fewer seeds (stated in the book)

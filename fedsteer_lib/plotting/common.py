@@ -36,11 +36,12 @@ def method_order(labels) -> list[str]:
 def palette(labels) -> dict[str, tuple]:
     """A stable colour per label (FedSteer variants in reds, full participation in black)."""
     ordered = method_order(labels)
-    colours = sns.color_palette("colorblind", n_colors=max(len(ordered), 3))
-    out = {}
-    for label, colour in zip(ordered, colours):
-        name = label.partition("(")[0]
-        out[label] = (0.0, 0.0, 0.0) if name == "full" else colour
+    steer = [lab for lab in ordered if lab.startswith("fedsteer")]
+    others = [lab for lab in ordered if not lab.startswith("fedsteer") and not lab.startswith("full")]
+    out = {lab: (0.0, 0.0, 0.0) for lab in ordered if lab.startswith("full")}
+    out.update(zip(steer, sns.color_palette("Reds_r", n_colors=len(steer) + 1)))
+    blues_greens = [c for c in sns.color_palette("colorblind", n_colors=10) if c[0] < 0.8 or c[1] > 0.5]
+    out.update(zip(others, (blues_greens * (len(others) // len(blues_greens) + 1))))
     return out
 
 
