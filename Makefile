@@ -51,10 +51,15 @@ $(MATHJAX):
 
 # Each chapter is executed by papermill from its notebook; it loads cached results from
 # data/results and computes only what is missing.
-book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) | setup
+# Chapters executed with another profile are stale: a profile stamp clears them.
+PROFILE_STAMP := book/chapters/.profile-$(PROFILE)
+$(PROFILE_STAMP):
+	rm -rf book/chapters && mkdir -p book/chapters && touch $@
+
+book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) $(PROFILE_STAMP) | setup
 	@mkdir -p book/chapters
-	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $*.ipynb ../$@.tmp
-	mv $@.tmp $@
+	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $*.ipynb ../book/chapters/.$*.ipynb
+	mv book/chapters/.$*.ipynb $@
 
 book-html: | setup
 	$(VENV)/bin/jupyter-book build . --toc book/_toc.yml --config _config.yml -W -n --quiet
