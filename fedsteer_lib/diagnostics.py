@@ -89,13 +89,7 @@ def warmup_record(sim, config: RunConfig) -> WarmupRecord:
     if cycles < 1:
         raise ValueError("warmup_record needs warmup_cycles >= 1")
     tr = config.training
-    device = torch.device(config.device)
-    strategy = make_strategy(config.method)
-    fed = sim.federation
-    probs = strategy.participation_probs(fed.probs)
-    ctx = ServerContext(weights=fed.weights.float().to(device), probs=probs.float().to(device),
-                        dim=sim.flat_model.dim, device=device, client_lr=tr.client_lr, seed=config.seed)
-    state = strategy.init_state(ctx)
+    strategy, ctx, state = engine.server_setup(config, sim)
     gen = engine._torch_gen(config.seed, engine._WARMUP)  # the engine's warm-up stream
     weights = sim.initial_weights.clone()
     grams, init_cores, cores = [], [], []

@@ -159,18 +159,25 @@ def _warmup(sim: SimData, config: RunConfig, strategy: Strategy, state: dict, ct
     return time.perf_counter() - start
 
 
+def server_setup(config: RunConfig, sim: SimData) -> tuple[Strategy, ServerContext, dict]:
+    """The strategy, its server context (d_i, effective p_i) and its initial state for a run."""
+    device = torch.device(config.device)
+    strategy = make_strategy(config.method)
+    fed = sim.federation
+    probs = strategy.participation_probs(fed.probs)
+    ctx = ServerContext(weights=fed.weights.float().to(device), probs=probs.float().to(device),
+                        dim=sim.flat_model.dim, device=device, client_lr=config.training.client_lr, seed=config.seed)
+    return strategy, ctx, strategy.init_state(ctx)
+
+
 def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None, data_root: str | None = None) -> RunResult:
     """Simulate one FL training run and return its history and summary."""
     config.validate()
     sim = sim if sim is not None and _data_key(sim.config) == _data_key(config) else prepare(config, data_root)
     tr, diag = config.training, config.diagnostics
     device = torch.device(config.device)
-    strategy = make_strategy(config.method)
-    fed = sim.federation
-    eff_probs = strategy.participation_probs(fed.probs)
-    ctx = ServerContext(weights=fed.weights.float().to(device), probs=eff_probs.float().to(device),
-                        dim=sim.flat_model.dim, device=device, client_lr=tr.client_lr, seed=config.seed)
-    state = strategy.init_state(ctx)
+    strategy, ctx, state = server_setup(config, sim)
+    eff_probs = strategy.participation_probs(sim.federation.probs)  # float64, as drawn
     t_start = time.perf_counter()
     warmup_time = _warmup(sim, config, strategy, state, ctx, progress) if strategy.warmup_cycles else 0.0
 
