@@ -109,9 +109,10 @@ def main() -> None:
     active = torch.tensor(sorted(set(state["core"].tolist()[:3]) | set(range(50, 57))))
     times = []
     for r in range(5):
+        updates = grads[active] * (1.0 + 0.1 * r)  # the engine hands the strategy one stacked (m, d) tensor
         start = time.perf_counter()
-        delta = steer.aggregate(state, ctx, active, grads[active])
-        steer.update(state, ctx, active, grads[active], torch.ones(len(active), dtype=torch.long), r)
+        delta = steer.aggregate(state, ctx, active, updates)
+        steer.update(state, ctx, active, updates, torch.ones(len(active), dtype=torch.long), r)
         times.append(time.perf_counter() - start)
     server_s = sorted(times)[len(times) // 2]
     client_s = m * 100 * TUNED["emnist"].local_epochs / em["samples_per_s"]  # ~10 clients x 100 points x E epochs

@@ -77,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, configs in groups.items():
             print(f"{name:22s} {len(configs) - len(missing(configs, root)):4d} / {len(configs):4d} runs cached")
         return 0
-    for name, configs in groups.items():
-        n = run_grid(configs, root, workers=args.workers, desc=name)
-        print(f"{name}: computed {n}, {len(configs)} in the grid")
+    # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
+    # with at least its first seeds rather than one group complete and the others empty.
+    queue = list({c.key(): c for configs in groups.values() for c in configs}.values())
+    n = run_grid(queue, root, workers=args.workers, desc="+".join(groups))
+    print(f"computed {n} runs; {len(queue)} in the grid ({', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
     return 0
 
 

@@ -72,7 +72,7 @@ def steered_update(
         raise ValueError(f"{active.numel()} active ids but {active_grads.shape[0]} active updates")
     scale = weights[active] / probs[active]  # d_i / p_i for the active clients
     baseline_coords = weights @ coords - scale @ coords[active]  # sum_i d_i s_i - sum_A (d_i/p_i) s_i
-    return baseline_coords @ basis + scale @ active_grads
+    return torch.addmv(baseline_coords @ basis, active_grads.T, scale)  # one pass, no (d,) temporary
 
 
 def update_variance(grads: torch.Tensor, estimates: torch.Tensor, weights: torch.Tensor, probs: torch.Tensor) -> float:

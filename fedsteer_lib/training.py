@@ -121,18 +121,23 @@ def local_train(
 
 @torch.inference_mode()
 def evaluate(
-    flat_model: FlatModel, weights: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000
+    flat_model: FlatModel, weights: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 128
 ) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy loss of the model `weights` on (images, labels)."""
+    """Accuracy and mean cross-entropy loss of the model `weights` on (images, labels).
+
+    Small batches keep the convolution activations in the CPU cache: on the 2-core machine the
+    10,000 Fashion-MNIST test images take about 0.3 s at batch 128 against 0.8 s at batch 1000
+    (see bench/benchmark.py). Sums stay on the device, so a GPU is not synchronised per batch."""
     flat_model.set_flat(weights)
     model = flat_model.model
     model.eval()
-    correct, loss_sum = 0, 0.0
+    correct = torch.zeros((), dtype=torch.long, device=labels.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=labels.device)
     for start in range(0, labels.shape[0], batch_size):
         x = images[start : start + batch_size].contiguous(memory_format=torch.channels_last)
         y = labels[start : start + batch_size]
         logits = model(x)
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(1) == y).sum())
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+        correct += (logits.argmax(1) == y).sum()
     n = labels.shape[0]
-    return correct / n, loss_sum / n
+    return int(correct) / n, float(loss_sum) / n

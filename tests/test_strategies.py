@@ -217,3 +217,57 @@ def test_every_method_is_registered_and_reports_memory(ctx):
     assert steer_bytes == 10 * 1000 * 4 + 100 * 10 * 4 + 10 * 10 * 8 + 100 * 8 + 10 * 8 + 10 * 4
     with pytest.raises(ConfigError, match="method must be one of"):
         method("fedsomething")
+
+
+@pytest.mark.parametrize("ordering", ["unbiased", "as_written"])
+def test_fedsteer_incremental_state_matches_recomputation_over_many_rounds(ctx, ordering):
+    """The Gram matrix and coordinates kept incrementally (no d-sized copies) equal a from-scratch
+    recomputation after every round, including rounds with several core members active,
+    none active, and a zero update."""
+    s = make_strategy(method("fedsteer", core_size=3, lam=0.5, ordering=ordering))
+    state = s.init_state(ctx)
+    state["core"] = torch.tensor([0, 2, 4])
+    gen = torch.Generator().manual_seed(3)
+    for t in range(12):
+        active = torch.nonzero(torch.rand(N, generator=gen) < 0.5).flatten()
+        updates = torch.randn(len(active), D, generator=gen)
+        if t == 4 and len(active):
+            updates[0] = 0.0
+        if ordering == "as_written":  # the round's own Q and coordinates, built from scratch
+            raw = state["basis"] * state["core_norms"][:, None]
+            coords = state["coords"].clone()
+            for row, client in enumerate(active.tolist()):
+                if client in state["core"].tolist():
+                    raw[state["core"].tolist().index(client)] = updates[row]
+            norms = raw.norm(dim=1, keepdim=True)
+            basis = torch.where(norms > 0, raw / norms.clamp_min(1e-30), torch.zeros_like(raw))
+            keep = norms.squeeze(1) > 0
+            if len(active) and keep.any():
+                coords[active] = 0.0
+                coords[active[:, None], torch.nonzero(keep).flatten()[None, :]] = ridge_coordinates(
+                    basis[keep], updates, 0.5)
+            expected = steered_update_ref(basis, coords, ctx, active, updates)
+            assert torch.allclose(s.aggregate(state, ctx, active, updates), expected, atol=1e-5)
+        s.update(state, ctx, active, updates, torch.ones(len(active), dtype=torch.long), t)
+        assert torch.allclose(state["gram"], (state["basis"] @ state["basis"].T).double(), atol=1e-6)
+        raw = state["basis"] * state["core_norms"][:, None]
+        assert torch.allclose(raw.norm(dim=1), state["core_norms"], atol=1e-5)
+
+
+def steered_update_ref(basis, coords, ctx, active, updates):
+    """Eq. 4 written out client by client."""
+    out = sum(ctx.weights[i] * (basis.T @ coords[i]) for i in range(N))
+    for row, i in enumerate(active.tolist()):
+        out = out + ctx.weights[i] / ctx.probs[i] * (updates[row] - basis.T @ coords[i])
+    return out
+
+
+def test_blocked_inner_products_equal_plain_matmuls():
+    from fedsteer_lib.strategies import _inner_products
+
+    gen = torch.Generator().manual_seed(0)
+    updates, basis = torch.randn(5, 103, generator=gen), torch.randn(3, 103, generator=gen)
+    for chunk in (4, 10, 103, 200):  # several blocks with a tail, one block, tail only
+        proj, inner = _inner_products(updates, basis, chunk=chunk)
+        assert torch.allclose(proj, updates @ basis.T, atol=1e-4)
+        assert torch.allclose(inner, updates @ updates.T, atol=1e-4)
