@@ -57,8 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from .book import results_root
+    from .data import DatasetNotFoundError, load_dataset
     from .results import RESULTS_DIR
     from .sweep import missing, run_grid
+
+    if args.command in ("tune", "sweep"):  # fail before any work, with the message that says how to get the data
+        try:
+            load_dataset(args.dataset, split=DATASET_DEFAULTS[args.dataset].get("split", "balanced"))
+        except DatasetNotFoundError as err:
+            print(err, file=sys.stderr)
+            return 1
 
     if args.command == "tune":
         root = args.results or RESULTS_DIR
