@@ -9,6 +9,9 @@ PY       := $(VENV)/bin/python
 REQ_HASH := $(shell cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
 STAMP    := $(VENV)/.installed-$(REQ_HASH)
 PROFILE  ?= paper
+# SEEDS=0,1 renders the chapters from those seeds only (the chapters say how many of the paper's
+# 8 they show); empty = the profile's seeds.
+SEEDS    ?=
 WORKERS  ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 CHAPTERS  := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(NOTEBOOKS))
@@ -20,6 +23,7 @@ FMNIST_STAMP := data/.fmnist-ok
 
 help:
 	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
+	@echo "                (SEEDS=0,1 renders from those seeds only, e.g. while a sweep is still running)"
 	@echo "make test       set up, then unit tests, nbval over every notebook, book build and browser check"
 	@echo "make lab        JupyterLab on notebooks/"
 	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
@@ -52,13 +56,15 @@ $(MATHJAX):
 # Each chapter is executed by papermill from its notebook; it loads cached results from
 # data/results and computes only what is missing.
 # Chapters executed with another profile are stale: a profile stamp clears them.
-PROFILE_STAMP := book/chapters/.profile-$(PROFILE)
+COMMA := ,
+PROFILE_STAMP := book/chapters/.profile-$(PROFILE)$(if $(SEEDS),-seeds-$(subst $(COMMA),_,$(SEEDS)))
+SEEDS_ARG := $(if $(SEEDS),-y "seeds: [$(SEEDS)]")
 $(PROFILE_STAMP):
 	rm -rf book/chapters && mkdir -p book/chapters && touch $@
 
 book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) $(PROFILE_STAMP) | setup
 	@mkdir -p book/chapters
-	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $*.ipynb ../book/chapters/.$*.ipynb
+	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $(SEEDS_ARG) $*.ipynb ../book/chapters/.$*.ipynb
 	mv book/chapters/.$*.ipynb $@
 
 book-html: | setup

@@ -356,3 +356,18 @@ def test_describe_comparison_and_claims(t1):
     summary = A.describe_claims(claims)
     n_true = int((claims["holds"] == True).sum())  # noqa: E712
     assert f"**{n_true} hold**" in summary and f"Of {len(claims)} claim checks" in summary
+
+
+def test_profile_note_calls_few_seeds_of_the_paper_setting_partial():
+    from dataclasses import replace
+
+    from fedsteer_lib.config import PROFILES
+
+    paper = PROFILES["paper"]
+    runs = pd.DataFrame({"rounds": [150, 150], "seed": [0, 0], "gamma": [0.7, 0.9]})
+    text = A.profile_note(replace(paper, seeds=(0,)), runs)
+    assert "partial reproduction" in text and "1 of its 8 seeds" in text and "smoke test" not in text
+    assert "smoke test" in A.profile_note(PROFILES["quick"], runs.assign(rounds=10))
+    full = pd.DataFrame({"rounds": [150] * 8, "seed": range(8), "gamma": [0.7] * 8})
+    note = A.profile_note(paper, full)
+    assert "partial" not in note and "smoke test" not in note
