@@ -707,14 +707,14 @@ def ablation_configs(book) -> dict[str, list[RunConfig]]:
     """`sweep.ablation_grid` for a `Book`: the profile's grids with the book's seeds (the
     Fig. 5 grid keeps only the first `ablation_seeds` of them)."""
     from .config import get_profile
-    from .sweep import ablation_grid
+    from .sweep import FEW_SEED_GROUPS, ablation_grid
 
     groups = ablation_grid(book.dataset, book.profile.name, book.device)
     if tuple(get_profile(book.profile.name).seeds) == tuple(book.seeds):
         return groups
     out = {}
     for name, configs in groups.items():
-        seeds = book.seeds[: book.profile.ablation_seeds] if name == "coreset_lambda" else book.seeds
+        seeds = book.seeds[: book.profile.ablation_seeds] if name in FEW_SEED_GROUPS else book.seeds
         first = min(c.seed for c in configs)
         protos = [c for c in configs if c.seed == first]
         out[name] = [replace(c, seed=s) for s in seeds for c in protos]
@@ -819,7 +819,7 @@ def choices_table() -> pd.DataFrame:
          + "; the unbiased form is reported as well: " + first_line(strategies.FedAvgUnbiased), "strategies.FedAvg"),
         ("FedSteer estimator ordering", f"default ordering={METHODS['fedsteer']['ordering']!r}: " + ordering,
          "strategies.FedSteer"),
-        ("enforce=5", refresh, "strategies.FedSteer (refresh_every)"),
+        ("enforce=5", refresh, "strategies.FedSteer (refresh_every, enforce_every)"),
         ("FedStale β in Table 1", FEDSTALE_NOTE + "; all five β are shown in chapter 6", "analysis.table1"),
         ("EMNIST split", f"{DATASET_DEFAULTS['emnist']['split']!r} ({NUM_CLASSES['emnist']} classes)",
          "config.DATASET_DEFAULTS"),

@@ -100,8 +100,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedsteer": {
         "core_size": 40, "lam": 0.5, "refresh_every": 1, "ordering": "unbiased",
         "warmup_cycles": 5, "max_swaps": 5, "subsample": 0, "selection": "greedy",
+        "enforce_every": 0,
     },
 }
+# Parameters added after results were first cached: left out of a run's key while at their
+# default, so that earlier results keep their names.
+LATE_DEFAULTS: dict[str, dict[str, Any]] = {"fedsteer": {"enforce_every": 0}}
 ORDERINGS = ("unbiased", "as_written")
 SELECTIONS = ("greedy", "random")
 
@@ -142,6 +146,8 @@ class MethodSpec:
             sub = self.get("subsample")
             _check(isinstance(sub, int) and (sub == 0 or 1 <= sub <= num_clients), "fedsteer subsample", f"0 (off) or an integer in [1, {num_clients}]", sub)
             _check(self.get("selection") in SELECTIONS, "fedsteer selection", f"one of {SELECTIONS}", self.get("selection"))
+            enforce = self.get("enforce_every")
+            _check(isinstance(enforce, int) and enforce >= 0, "fedsteer enforce_every", "0 (off) or an integer >= 1", enforce)
 
 
 def method(name: str, **params: Any) -> MethodSpec:
@@ -210,7 +216,11 @@ class RunConfig:
 
     def key(self) -> str:
         """Content hash naming this run's result (the device is not part of it)."""
-        blob = json.dumps(self.to_dict(with_device=False), sort_keys=True)
+        d = self.to_dict(with_device=False)
+        for name, default in LATE_DEFAULTS.get(self.method.name, {}).items():
+            if d["method"].get(name) == default:
+                d["method"].pop(name)
+        blob = json.dumps(d, sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
     @classmethod

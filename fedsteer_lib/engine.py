@@ -26,7 +26,7 @@ from .training import FlatModel, LocalSpec, evaluate, local_train
 __all__ = ["SimData", "prepare", "run", "RunResult", "client_updates"]
 
 # Named torch random streams (see partition.rng for the numpy ones).
-_BATCHES, _WARMUP, _PROBE = 6, 7, 8
+_BATCHES, _WARMUP, _PROBE, _FORCED = 6, 7, 8, 9
 
 
 def _torch_gen(seed: int, stream: int) -> torch.Generator:
@@ -183,6 +183,7 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
 
     schedule = participation_schedule(eff_probs, tr.rounds, config.seed)
     batch_gen, probe_gen = _torch_gen(config.seed, _BATCHES), _torch_gen(config.seed, _PROBE)
+    forced_gen = _torch_gen(config.seed, _FORCED)
     prob_rng = rng(config.seed, _PROBE)
     weights = sim.initial_weights.clone()
     last_seen = np.full(ctx.num_clients, -1)
@@ -190,7 +191,7 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
     tracked = list(diag.track_coords) if "coords" in state else []
     coords_history: dict[int, list[list[float]]] = {c: [] for c in tracked}
     history, probes, participation = [], [], []
-    timing = {"client": 0.0, "server": 0.0, "eval": 0.0, "probe": 0.0, "warmup": warmup_time}
+    timing = {"client": 0.0, "server": 0.0, "eval": 0.0, "probe": 0.0, "warmup": warmup_time, "forced": 0.0}
     collapsed, collapse_round = False, None
 
     t0 = time.perf_counter()
@@ -212,6 +213,7 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
         t0 = time.perf_counter()
         delta = strategy.aggregate(state, ctx, active, updates)
         finite = bool(torch.isfinite(delta).all()) and bool(torch.isfinite(updates).all())
+        round_weights = weights  # w_t
         if finite:
             weights = weights - tr.server_lr * delta
             strategy.update(state, ctx, active, updates, steps, t)
@@ -219,6 +221,12 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
         if not finite:
             collapsed, collapse_round = True, t + 1
             break
+        forced = sorted(set(strategy.forced_clients(state, ctx, t)) - set(active_ids))
+        if forced:  # updates at w_t that the strategy observes but never aggregates
+            t0 = time.perf_counter()
+            extra, _, _ = client_updates(sim, tr, round_weights, forced, forced_gen, strategy, state)
+            strategy.observe(state, ctx, torch.tensor(forced, dtype=torch.long, device=device), extra, t)
+            timing["forced"] += time.perf_counter() - t0
         if memory is not None and active_ids:
             memory[active] = updates
         last_seen[active_ids] = t

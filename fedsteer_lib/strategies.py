@@ -95,6 +95,16 @@ class Strategy:
         """Called once per warm-up cycle with every client's update at the fixed model."""
         return None
 
+    def forced_clients(self, state: State, ctx: ServerContext, round_idx: int) -> list[int]:
+        """Clients whose update at w_t the strategy wants this round besides the active ones
+        (never aggregated; FedSteer's enforced coordinate refresh). Default: none."""
+        return []
+
+    def observe(self, state: State, ctx: ServerContext, clients: torch.Tensor, updates: torch.Tensor,
+                round_idx: int) -> None:
+        """Receives, after `update`, the updates at w_t of the `forced_clients` that were not active."""
+        return None
+
     def estimates(self, state: State, ctx: ServerContext) -> torch.Tensor | None:
         """Each client's baseline estimate g_hat_i in Eq. 4's form (N, d), or None if the
         estimator is not of that form. Diagnostics only."""
@@ -266,7 +276,10 @@ class FedSteer(Strategy):
     ordering="as_written": Q already holds this round's core updates and the active clients'
     fresh s_i are used in the same round (biased: g_hat_i depends on A_t).
     refresh_every=R: an active client's s_i is recomputed at most once every R rounds
-    (R=1: on every participation; R=5: the paper's "enforce=5").
+    (R=1: on every participation; R=5: our main reading of the paper's "enforce=5").
+    enforce_every=R (0: off): every R-th round every client, active or not, computes its update
+    at w_t and its s_i is recomputed from it (the other reading of "an enforced update every 5
+    rounds"); those updates never enter Delta_t, and they cost N - |A| extra local trainings.
     Core members whose cache is still zero are left out of Q until they have an update.
     """
 
@@ -350,6 +363,17 @@ class FedSteer(Strategy):
             state["coords"][active[due]] = fresh
             state["last_refresh"][active[due]] = round_idx
         state["round"] = round_idx + 1
+
+    def forced_clients(self, state, ctx, round_idx):
+        """enforce_every=R > 0 (the second reading of the paper's "enforce=5", see config):
+        every R-th round every client's coordinates are recomputed from its current update."""
+        every = int(self.spec.get("enforce_every"))
+        return list(range(ctx.num_clients)) if every and (round_idx + 1) % every == 0 else []
+
+    def observe(self, state, ctx, clients, updates, round_idx):
+        proj, _ = _inner_products(updates, state["basis"])  # Q^T g_i against the refreshed Q
+        state["coords"][clients] = self._solve(state["gram"], proj.double())  # Eq. 3
+        state["last_refresh"][clients] = round_idx
 
     def warmup_snapshot(self, state, ctx, grads, cycle, last):
         k = int(self.spec.get("core_size"))

@@ -48,12 +48,15 @@ def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "c
     return grid(dataset, paper_methods(dataset), profile, device=device)
 
 
+FEW_SEED_GROUPS = ("coreset_lambda", "forced_refresh")  # ablations run on the profile's first `ablation_seeds`
+
+
 def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> dict[str, list[RunConfig]]:
     """The ablations of the book's chapter 7, by name."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     dd = DATASET_DEFAULTS[dataset]
     k, lam = dd["core_size"], dd["lam"]
-    few = prof.seeds[: prof.ablation_seeds]  # Fig. 5's grid uses fewer seeds (stated in the book)
+    few = prof.seeds[: prof.ablation_seeds]  # FEW_SEED_GROUPS use fewer seeds (stated in the book)
     kw = dict(profile=prof, device=device)
     return {
         "coreset_lambda": grid(dataset, [method("fedsteer", core_size=s, lam=l, refresh_every=5)
@@ -62,6 +65,8 @@ def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", dev
         "random_core": grid(dataset, [method("fedsteer", core_size=k, lam=lam, selection="random")], **kw),
         "ordering": grid(dataset, [method("fedsteer", core_size=k, lam=lam, ordering="as_written")], **kw),
         "fair_start": grid(dataset, [method("fedvarp", warmup_cycles=5), method("mifa", warmup_cycles=5)], **kw),
+        # The other reading of "enforce=5": every 5th round all clients refresh their coordinates.
+        "forced_refresh": grid(dataset, [method("fedsteer", core_size=k, lam=lam, enforce_every=5)], seeds=few, **kw),
     }
 
 

@@ -131,3 +131,28 @@ def test_config_round_trips_and_keys_ignore_device():
     assert again == cfg and again.key() == cfg.key()
     assert cfg.replace(device="cuda").key() == cfg.key()
     assert cfg.replace(seed=5).key() != cfg.key()
+
+
+def test_enforced_refresh_trains_every_client_but_changes_delta_only_afterwards(sim):
+    plain = run(_config("fedsteer", rounds=4), progress=False, sim=sim)
+    forced = run(_config("fedsteer", rounds=4, enforce_every=2), progress=False, sim=sim)
+    norms = lambda r: [h["update_norm"] for h in r.history[1:]]  # noqa: E731
+    # the first forced refresh happens after round 2 (t = 1): rounds 1-2 are identical, round 3 not
+    assert norms(plain)[:2] == norms(forced)[:2] and norms(plain)[2] != norms(forced)[2]
+    assert forced.summary["timing"]["forced"] > 0 and plain.summary["timing"]["forced"] == 0
+
+
+def test_late_default_parameters_keep_earlier_result_keys():
+    import json
+    from pathlib import Path
+
+    from fedsteer_lib.config import RunConfig
+
+    runs_dir = Path(__file__).resolve().parent.parent / "data" / "results" / "runs"
+    stored = [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))]
+    steer = [r for r in stored if r["config"]["method"]["name"] == "fedsteer"]
+    assert steer, "the committed results hold FedSteer runs"
+    for r in steer:
+        assert RunConfig.from_dict(r["config"]).key() == r["key"]
+    enforced = RunConfig.from_dict(steer[0]["config"]).replace(method=method("fedsteer", enforce_every=5))
+    assert enforced.key() != RunConfig.from_dict(steer[0]["config"]).replace(method=method("fedsteer")).key()

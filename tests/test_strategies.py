@@ -271,3 +271,19 @@ def test_blocked_inner_products_equal_plain_matmuls():
         proj, inner = _inner_products(updates, basis, chunk=chunk)
         assert torch.allclose(proj, updates @ basis.T, atol=1e-4)
         assert torch.allclose(inner, updates @ updates.T, atol=1e-4)
+
+
+def test_fedsteer_enforced_refresh_recomputes_every_clients_coordinates(ctx, grads):
+    s = make_strategy(method("fedsteer", core_size=3, lam=0.5, enforce_every=5))
+    state = s.init_state(ctx)
+    _fill_fedsteer(s, state, ctx)
+    assert [t for t in range(12) if s.forced_clients(state, ctx, t)] == [4, 9]
+    assert s.forced_clients(state, ctx, 4) == list(range(N))
+    assert make_strategy(method("fedsteer", core_size=3)).forced_clients(state, ctx, 4) == []
+    before = state["coords"].clone()
+    clients = torch.tensor([0, 2, 5])
+    s.observe(state, ctx, clients, grads[clients], round_idx=4)
+    assert torch.allclose(state["coords"][clients], ridge_coordinates(state["basis"], grads[clients], 0.5), atol=1e-5)
+    others = torch.tensor([1, 3, 4])
+    assert torch.equal(state["coords"][others], before[others])
+    assert state["last_refresh"][clients].tolist() == [4, 4, 4]
