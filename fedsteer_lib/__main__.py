@@ -23,8 +23,9 @@ def _sweep_configs(args) -> dict[str, list]:
     if args.what in ("ablations", "all"):
         groups.update(ablation_grid(args.dataset, args.profile, args.device))
     if args.what in ("diagnostics", "all"):
-        from .diagnostics import convergence_grid, stability_grid
+        from .diagnostics import alignment_grid, convergence_grid, stability_grid
 
+        groups["alignment_probes"] = alignment_grid(args.dataset, args.profile, device=args.device)
         groups["convergence_probes"] = convergence_grid(args.dataset, args.profile, device=args.device)
         groups["coordinate_stability"] = list(stability_grid(args.dataset, args.profile, device=args.device).values())
     return groups

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .config import Diagnostics, MethodSpec, Profile, RunConfig, get_profile, method, paper_methods
+from .config import DATASET_DEFAULTS, Diagnostics, MethodSpec, Profile, RunConfig, get_profile, method, paper_methods
 from .coreset import SwapTrace, exhaustive_best, greedy_swap, objective_from_gram
 from .strategies import ServerContext, make_strategy
 
@@ -325,6 +325,20 @@ def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[in
     first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
     return grid(dataset, convergence_methods(dataset), prof, gammas=prof.gammas, seeds=first, device=device,
                 diagnostics=Diagnostics(probe_every=prof.probe_every))
+
+
+def alignment_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                   device: str = "cpu") -> list[RunConfig]:
+    """Chapter 2's probe runs: FedSteer (the data set's |X| and lambda) x the profile's gammas x
+    its first `ablation_seeds` seeds, probing every `probe_every` rounds (cos of stale and of
+    steered estimates against the true updates)."""
+    from .sweep import grid
+
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    dd = DATASET_DEFAULTS[dataset]
+    few = (tuple(seeds) if seeds is not None else prof.seeds)[: prof.ablation_seeds]
+    return grid(dataset, [method("fedsteer", core_size=dd["core_size"], lam=dd["lam"])], prof, seeds=few,
+                device=device, diagnostics=Diagnostics(probe_every=prof.probe_every))
 
 
 def short_label(label: str) -> str:
