@@ -97,10 +97,13 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
     """Compute every config whose result is missing; returns how many were computed.
 
     workers > 1 runs that many processes, each with its share of the CPU threads.
-    Runs are ordered by seed first (a partial sweep covers every method), and consecutive
-    runs share data (same dataset, seed and gamma).
+    Runs are ordered by seed first (a partial sweep covers every method), then as given, with
+    full participation last within a seed; a worker reuses its prepared data while the
+    dataset, seed and gamma stay the same.
     """
-    todo = sorted(missing(configs, root), key=lambda c: (c.dataset, c.seed, c.system.gamma))
+    # Seed by seed, in the order given (the caller's groups), the costly full-participation runs
+    # (every client every round) last within a seed.
+    todo = sorted(missing(configs, root), key=lambda c: (c.dataset, c.seed, c.method.name == "full"))
     if not todo:
         return 0
     root_s = None if root is None else str(root)
