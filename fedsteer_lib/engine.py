@@ -212,7 +212,9 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
             timing["probe"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         delta = strategy.aggregate(state, ctx, active, updates)
-        finite = bool(torch.isfinite(delta).all()) and bool(torch.isfinite(updates).all())
+        # One pass, no (m, d) temporary: a NaN or inf anywhere makes the sum non-finite (so do
+        # finite entries near the float32 limit, which only a diverged run produces).
+        finite = bool(torch.isfinite(delta.sum())) and bool(torch.isfinite(updates.sum()))
         round_weights = weights  # w_t
         if finite:
             weights = weights - tr.server_lr * delta
