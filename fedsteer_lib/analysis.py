@@ -48,7 +48,7 @@ __all__ = [
     "ablation_configs", "SWEEP_COMMAND", "DATASET_NAMES", "by_role", "profile_note", "fedstale_table",
     "describe_gains", "choices_table", "model_table", "tuning_evidence", "remaining_runs",
     "gains_display", "describe_collapses", "main_findings", "compare_display", "describe_claims",
-    "smoke_test_note", "describe_comparison",
+    "smoke_test_note", "describe_comparison", "accuracy_level_note",
 ]
 
 # ------------------------------------------------------------------------------ constants
@@ -841,6 +841,35 @@ def model_table() -> pd.DataFrame:
         rows.append({"data set": DATASET_NAMES[ds], "model": MODEL_FOR_DATASET[ds].__name__, "classes": classes,
                      "parameters": num_parameters(model)})
     return pd.DataFrame(rows)
+
+
+def accuracy_level_note(tuning: pd.DataFrame | None, dataset: str = "fmnist", gamma: float = 0.9) -> str:
+    """Markdown: could the paper's FedAvg accuracy level come from the training hyperparameters?
+    Compares the paper's FedAvg number with the final validation accuracy of every non-collapsed
+    setting of our FedAvg-only tuning grid (`tuning`, as from `tuning_evidence`)."""
+    try:
+        paper = paper_value(f"{dataset}/{gamma:g}/fedavg")
+    except KeyError:
+        return ""
+    if tuning is None or tuning.empty:
+        return f"The paper's FedAvg reaches {paper:.3f} at γ={gamma:g}; our tuning runs are not computed yet."
+    rows = tuning[np.isclose(tuning["gamma"], gamma) & ~tuning["collapsed"].astype(bool)]
+    if rows.empty:
+        return f"The paper's FedAvg reaches {paper:.3f} at γ={gamma:g}; none of our tuning runs at this γ finished."
+    low, high = rows["val_accuracy_final"].min(), rows["val_accuracy_final"].max()
+    weakest = rows.loc[rows["val_accuracy_final"].idxmin()]
+    text = (f"The paper's FedAvg reaches **{paper:.3f}** at γ={gamma:g}. Our FedAvg-only tuning grid (validation split, "
+            f"{len(rows)} settings of client learning rate and local epochs that did not diverge) ends between "
+            f"**{low:.3f} and {high:.3f}** at this γ; the weakest setting (lr {weakest['client_lr']:g}, "
+            f"E = {int(weakest['local_epochs'])}) is still {low - paper:+.3f} from the paper's number. ")
+    if low > paper + 0.05:
+        text += ("So the paper's accuracy level is not a matter of these hyperparameters: its setting must differ "
+                 "from ours in something the text does not pin down (its hyperparameter table is missing and it "
+                 "does not give the models' widths), and we cannot tell what from the text. The comparison that survives such a difference is the *relative* one: FedSteer against the "
+                 "baselines in the same setting.")
+    else:
+        text += "The paper's accuracy level is within the range our hyperparameter grid produces."
+    return text
 
 
 def tuning_evidence(dataset: str = "fmnist", root=None) -> tuple[pd.DataFrame | None, str]:

@@ -371,3 +371,16 @@ def test_profile_note_calls_few_seeds_of_the_paper_setting_partial():
     full = pd.DataFrame({"rounds": [150] * 8, "seed": range(8), "gamma": [0.7] * 8})
     note = A.profile_note(paper, full)
     assert "partial" not in note and "smoke test" not in note
+
+
+def test_accuracy_level_note_compares_the_paper_with_every_tuning_setting():
+    tuning = pd.DataFrame({"client_lr": [0.01, 0.1, 0.3, 0.1], "local_epochs": [1, 2, 2, 2],
+                           "gamma": [0.9, 0.9, 0.9, 0.7], "val_accuracy_final": [0.74, 0.83, 0.44, 0.30],
+                           "collapsed": [False, False, True, False]})
+    text = A.accuracy_level_note(tuning)
+    assert "**0.509**" in text and "**0.740 and 0.830**" in text and "lr 0.01, E = 1" in text and "+0.231" in text
+    assert "not a matter of these hyperparameters" in text  # the collapsed run and the other gamma are left out
+    close = tuning.assign(val_accuracy_final=[0.52, 0.55, 0.44, 0.3])
+    assert "within the range" in A.accuracy_level_note(close)
+    assert "not computed yet" in A.accuracy_level_note(None)
+    assert A.accuracy_level_note(tuning, dataset="cifar10") == ""  # the paper quotes no FedAvg number there
