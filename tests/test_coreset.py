@@ -3,21 +3,12 @@ import pytest
 import torch
 
 from fedsteer_lib.coreset import SwapTrace, exhaustive_best, greedy_swap, objective, objective_from_gram
-
-
-def _clustered(n, d, clusters, seed):
-    """Gradients around a few directions, like clients with similar data."""
-    gen = torch.Generator().manual_seed(seed)
-    centers = torch.randn(clusters, d, generator=gen, dtype=torch.float64)
-    assign = torch.randint(0, clusters, (n,), generator=gen)
-    grads = centers[assign] + 0.4 * torch.randn(n, d, generator=gen, dtype=torch.float64)
-    weights = torch.rand(n, generator=gen, dtype=torch.float64) + 0.2
-    return grads, weights / weights.sum()
+from helpers import clustered
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.5])
 def test_gram_objective_equals_direct_objective(lam):
-    grads, weights = _clustered(12, 30, 4, seed=0)
+    grads, weights = clustered(12, 30, 4, seed=0)
     for core in ([0, 1, 2], [3, 7, 11, 5], [9]):
         assert objective_from_gram(grads @ grads.T, core, weights, lam) == pytest.approx(
             objective(grads, core, weights, lam), rel=1e-9)
@@ -37,7 +28,7 @@ def test_objective_by_hand():
 
 
 def test_greedy_swap_never_raises_j():
-    grads, weights = _clustered(30, 40, 6, seed=1)
+    grads, weights = clustered(30, 40, 6, seed=1)
     trace = SwapTrace()
     core = greedy_swap(grads, 5, weights, 0.5, max_swaps=10, seed=2, trace=trace)
     assert len(core) == 5 and len(set(core)) == 5
@@ -47,7 +38,7 @@ def test_greedy_swap_never_raises_j():
 
 
 def test_greedy_swap_respects_limits_and_candidates():
-    grads, weights = _clustered(20, 25, 5, seed=4)
+    grads, weights = clustered(20, 25, 5, seed=4)
     init = [0, 1, 2, 3]
     trace = SwapTrace()
     core = greedy_swap(grads, 4, weights, 0.5, max_swaps=1, init=init, trace=trace)
@@ -63,7 +54,7 @@ def test_greedy_swap_respects_limits_and_candidates():
 def test_greedy_swap_finds_exhaustive_optimum_most_of_the_time(capsys):
     hits, trials = 0, 40
     for seed in range(trials):
-        grads, weights = _clustered(10, 15, 4, seed=100 + seed)
+        grads, weights = clustered(10, 15, 4, seed=100 + seed)
         core = greedy_swap(grads, 3, weights, 0.5, max_swaps=20, seed=seed)
         _, best = exhaustive_best(grads, 3, weights, 0.5)
         found = objective(grads, core, weights, 0.5)
@@ -76,7 +67,7 @@ def test_greedy_swap_finds_exhaustive_optimum_most_of_the_time(capsys):
 
 
 def test_zero_updates_never_enter_the_core():
-    grads, weights = _clustered(10, 8, 3, seed=7)
+    grads, weights = clustered(10, 8, 3, seed=7)
     grads[[2, 5]] = 0.0
     core = greedy_swap(grads, 4, weights, 0.5, max_swaps=10, seed=0)
     assert 2 not in core and 5 not in core

@@ -12,20 +12,12 @@ from fedsteer_lib.config import Diagnostics, FLSystem, RunConfig, Training, meth
 from fedsteer_lib.coreset import SwapTrace, exhaustive_best, greedy_swap, objective
 from fedsteer_lib.engine import RunResult, prepare, run
 from fedsteer_lib.results import save_run
-
-
-def _clustered(n, d, clusters, seed):
-    gen = torch.Generator().manual_seed(seed)
-    centers = torch.randn(clusters, d, generator=gen, dtype=torch.float64)
-    assign = torch.randint(0, clusters, (n,), generator=gen)
-    grads = centers[assign] + 0.3 * torch.randn(n, d, generator=gen, dtype=torch.float64)
-    weights = torch.rand(n, generator=gen, dtype=torch.float64) + 0.2
-    return grads, weights / weights.sum()
+from helpers import clustered
 
 
 # --- chapter 4 ---------------------------------------------------------------------------------
 def test_gram_factor_reproduces_the_gram_matrix_and_the_greedy_search():
-    grads, weights = _clustered(25, 8, 3, seed=0)  # d < N: rank-deficient Gram matrix
+    grads, weights = clustered(25, 8, 3, seed=0, noise=0.3)  # d < N: rank-deficient Gram matrix
     gram = grads @ grads.T
     factor = dg.gram_factor(gram)
     assert torch.allclose(factor @ factor.T, gram, atol=1e-9 * float(gram.abs().max()))
@@ -39,7 +31,7 @@ def test_gram_factor_reproduces_the_gram_matrix_and_the_greedy_search():
 
 
 def test_relative_objective_is_a_fraction_of_the_energy():
-    grads, weights = _clustered(6, 20, 2, seed=1)
+    grads, weights = clustered(6, 20, 2, seed=1, noise=0.3)
     gram = grads @ grads.T
     assert dg.total_energy(gram, weights) == pytest.approx(float((weights * (grads**2).sum(1)).sum()))
     # every client in the core, no regularisation: everything is reconstructed
@@ -60,7 +52,7 @@ def test_swap_trace_table_counts_steps_across_cycles():
 
 
 def test_selection_comparison_rules():
-    grads, weights = _clustered(30, 40, 5, seed=2)
+    grads, weights = clustered(30, 40, 5, seed=2, noise=0.3)
     gram = grads @ grads.T
     grams = [gram, gram * 1.1]
     df = dg.selection_comparison(grams, weights, 4, 0.5, draws=3, max_swaps=2, n_sub=30, seed=0)
@@ -80,7 +72,7 @@ def test_selection_comparison_rules():
 
 
 def test_exhaustive_comparison_against_brute_force():
-    grads, weights = _clustered(20, 15, 4, seed=3)
+    grads, weights = clustered(20, 15, 4, seed=3, noise=0.3)
     gram = grads @ grads.T
     df = dg.exhaustive_comparison(gram, weights, n=8, k=2, lam=0.5, instances=6, seed=1)
     assert len(df) == 6
@@ -92,7 +84,7 @@ def test_exhaustive_comparison_against_brute_force():
         assert row["J_greedy"] >= row["J_opt"] * (1 - 1e-9)
         assert row["J_random"] >= row["J_opt"] * (1 - 1e-9)
         assert row["hit"] == (row["gap"] <= 1e-9)
-    big, big_w = _clustered(30, 10, 3, seed=4)
+    big, big_w = clustered(30, 10, 3, seed=4, noise=0.3)
     with pytest.raises(ValueError, match="too many"):
         dg.exhaustive_comparison(big @ big.T, big_w, n=30, k=8)  # C(30, 8) > 200,000
 

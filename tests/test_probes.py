@@ -1,6 +1,5 @@
 """The measurements of chapters 1-3 (fedsteer_lib.probes) against hand computations, exact
 enumerations over participation sets and full-dimensional recomputations."""
-import itertools
 import math
 
 import numpy as np
@@ -13,6 +12,7 @@ from fedsteer_lib.config import FLSystem, Training, method
 from fedsteer_lib.partition import build_federation, participation_schedule, staleness
 from fedsteer_lib.projection import normalized_basis, reconstruct, ridge_coordinates, steered_update, update_variance
 from fedsteer_lib.strategies import ServerContext, make_strategy
+from helpers import participation_sets
 
 
 def _labels(num_classes=10, per_class=400, seed=0):
@@ -24,16 +24,6 @@ def _labels(num_classes=10, per_class=400, seed=0):
 @pytest.fixture(scope="module")
 def small_fed():
     return build_federation(FLSystem(num_clients=20, gamma=0.7), _labels(), 10, seed=3)
-
-
-def _enumerate(probs):
-    """Every participation set with its probability (independent Bernoulli(p_i))."""
-    n = len(probs)
-    for mask in itertools.product([False, True], repeat=n):
-        prob = 1.0
-        for m, p in zip(mask, probs.tolist()):
-            prob *= p if m else 1 - p
-        yield torch.tensor([i for i in range(n) if mask[i]], dtype=torch.long), prob
 
 
 def _ctx(weights, probs, dim):
@@ -166,7 +156,7 @@ def test_monte_carlo_matches_exact_enumeration(problem, name):
     strategy = make_strategy(method(name))
     mean = torch.zeros(grads.shape[1], dtype=torch.float64)
     second = 0.0
-    for active, prob in _enumerate(probs):
+    for active, prob in participation_sets(probs):
         delta = strategy.aggregate({}, ctx, active, grads[active].float()).double()
         mean += prob * delta
         second += prob * float(delta @ delta)
@@ -266,7 +256,7 @@ def test_one_hot_fedsteer_is_fedvarp_for_every_participation_set(problem):
     assert torch.allclose(reconstruct(basis, coords), stale, atol=1e-6)
     ctx = _ctx(weights, probs, grads.shape[1])
     varp, vstate = probes.fedvarp_state(ctx, stale)
-    for active, _ in _enumerate(probs):
+    for active, _ in participation_sets(probs):
         a = steered_update(basis, coords, ctx.weights, ctx.probs, active, grads[active])
         b = varp.aggregate(vstate, ctx, active, grads[active])
         assert torch.allclose(a, b, atol=1e-5), active.tolist()

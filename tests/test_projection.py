@@ -1,20 +1,10 @@
 """The pure math of FedSteer (Eq. 1-4, Theorem 1) against hand computations and exact expectations."""
-import itertools
 
 import pytest
 import torch
 
 from fedsteer_lib.projection import normalized_basis, reconstruct, ridge_coordinates, steered_update, update_variance
-
-
-def _enumerate(probs):
-    """All participation sets with their probabilities (independent Bernoulli)."""
-    n = len(probs)
-    for mask in itertools.product([False, True], repeat=n):
-        prob = 1.0
-        for m, p in zip(mask, probs.tolist()):
-            prob *= p if m else 1 - p
-        yield torch.tensor([i for i in range(n) if mask[i]], dtype=torch.long), prob
+from helpers import participation_sets
 
 
 @pytest.fixture
@@ -93,7 +83,7 @@ def test_eq4_is_unbiased_and_theorem1_variance_is_exact(problem):
     coords = ridge_coordinates(basis, grads * 0.5 + 0.1, 0.5)  # any fixed baseline
     mean = torch.zeros(11, dtype=torch.float64)
     second = 0.0
-    for active, prob in _enumerate(probs):
+    for active, prob in participation_sets(probs):
         delta = steered_update(basis, coords, weights, probs, active, grads[active])
         mean += prob * delta
         second += prob * float(delta @ delta)

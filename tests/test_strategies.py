@@ -1,5 +1,4 @@
 """Every aggregation rule against a hand computation; unbiasedness by exact enumeration."""
-import itertools
 
 import pytest
 import torch
@@ -7,6 +6,7 @@ import torch
 from fedsteer_lib.config import ConfigError, method
 from fedsteer_lib.projection import normalized_basis, ridge_coordinates
 from fedsteer_lib.strategies import STRATEGIES, ServerContext, make_strategy
+from helpers import participation_sets
 
 N, D = 6, 9
 
@@ -24,17 +24,9 @@ def grads():
     return torch.randn(N, D, generator=torch.Generator().manual_seed(5))
 
 
-def _sets(probs):
-    for mask in itertools.product([False, True], repeat=len(probs)):
-        p = 1.0
-        for m, q in zip(mask, probs.tolist()):
-            p *= q if m else 1 - q
-        yield torch.tensor([i for i in range(len(probs)) if mask[i]], dtype=torch.long), p
-
-
 def _expectation(strategy, state, ctx, grads):
     mean = torch.zeros(D, dtype=torch.float64)
-    for active, p in _sets(ctx.probs):
+    for active, p in participation_sets(ctx.probs):
         mean += p * strategy.aggregate(state, ctx, active, grads[active]).double()
     return mean
 
