@@ -242,8 +242,8 @@ class Scaffold(Strategy):
         c_i[active] = new_ci
 
 
-def _inner_products(updates: torch.Tensor, basis: torch.Tensor, chunk: int = 32768):
-    """(updates @ basis.T, updates @ updates.T) computed over cache-sized blocks of d.
+def _inner_products(updates: torch.Tensor, basis: torch.Tensor, with_self: bool = True, chunk: int = 32768):
+    """(updates @ basis.T, updates @ updates.T or None) computed over cache-sized blocks of d.
 
     For d in the millions these skinny products are memory-bound and a plain matmul runs on
     one thread; cutting d into blocks (strided views, no copy) and multiplying them as a batch
@@ -257,8 +257,13 @@ def _inner_products(updates: torch.Tensor, basis: torch.Tensor, chunk: int = 327
     tail_u = updates[:, end:]
     u = view(updates)
     proj = torch.bmm(u, view(basis).transpose(1, 2)).sum(0).addmm_(tail_u, basis[:, end:].T)
-    inner = torch.bmm(u, u.transpose(1, 2)).sum(0).addmm_(tail_u, tail_u.T)
+    inner = torch.bmm(u, u.transpose(1, 2)).sum(0).addmm_(tail_u, tail_u.T) if with_self else None
     return proj, inner
+
+
+def _inverse(norms: torch.Tensor) -> torch.Tensor:
+    """1 / ||h|| where the norm is positive, 0 for a zero row (left out of Q)."""
+    return torch.where(norms > 0, 1.0 / norms.clamp_min(1e-30), torch.zeros_like(norms))
 
 
 @register("fedsteer")
@@ -315,7 +320,7 @@ class FedSteer(Strategy):
 
     def _plan(self, state, active, updates):
         """What this round changes, without changing it: for the active core members (at rows
-        `rows` of `updates`, positions `pos` of X) the inverse norms 1/||h_j|| of Eq. 1, the
+        `rows` of `updates`, positions `pos` of X) the norms ||h_j|| of Eq. 1, the
         new Gram matrix Q^T Q, and fresh coordinates (Eq. 3) for the active clients that are
         due a refresh. Everything comes from two small products over the active updates,
         Q^T g_i and g_i^T g_l, so no d-sized row is copied: cost O(|A| (k + |A|) d)."""
@@ -327,10 +332,10 @@ class FedSteer(Strategy):
             return pos, rows, None, gram, due, None
         proj, inner = _inner_products(updates, basis)  # Q^T g_i (m, k) and g_i^T g_l (m, m)
         inner = inner[:, rows]  # against the active core members' updates only
-        new_gram, inv = gram, None
+        new_gram, norms = gram, None
         if rows.numel():
             norms = inner[rows].diagonal().clamp_min(0).sqrt()
-            inv = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-30), torch.zeros_like(norms))  # Eq. 1
+            inv = _inverse(norms)  # Eq. 1: row j of Q is h_j / ||h_j||
             cross = proj[rows] * inv[:, None]  # the new rows of Q against the old basis
             cross[:, pos] = inner[rows] * inv[:, None] * inv[None, :]
             new_gram = gram.clone()
@@ -338,25 +343,25 @@ class FedSteer(Strategy):
             new_gram[:, pos] = cross.T.double()
             proj[:, pos] = inner * inv[None, :]  # Q'^T g_i with the replaced rows patched in
         fresh = self._solve(new_gram, proj[due].double()) if need_rhs else None
-        return pos, rows, inv, new_gram, due, fresh
+        return pos, rows, norms, new_gram, due, fresh
 
     # --- interface -------------------------------------------------------------------------
     def aggregate(self, state, ctx, active, updates):
         basis, coords = state["basis"], state["coords"]
         if self.spec.get("ordering") == "as_written":  # Q_t and s_i already include this round
-            pos, rows, inv, _, due, fresh = self._plan(state, active, updates)
+            pos, rows, norms, _, due, fresh = self._plan(state, active, updates)
             basis, coords = basis.clone(), coords.clone()
             if rows.numel():
-                basis[pos] = updates[rows] * inv[:, None]
+                basis[pos] = updates[rows] * _inverse(norms)[:, None]
             if fresh is not None:
                 coords[active[due]] = fresh
         return steered_update(basis, coords, ctx.weights, ctx.probs, active, updates)
 
     def update(self, state, ctx, active, updates, steps, round_idx):
-        pos, rows, inv, new_gram, due, fresh = self._plan(state, active, updates)
+        pos, rows, norms, new_gram, due, fresh = self._plan(state, active, updates)
         if rows.numel():
-            state["core_norms"][pos] = torch.where(inv > 0, 1.0 / inv.clamp_min(1e-30), torch.zeros_like(inv))
-            for p, r, scale in zip(pos.tolist(), rows.tolist(), inv.tolist()):  # Eq. 1, written in place
+            state["core_norms"][pos] = norms
+            for p, r, scale in zip(pos.tolist(), rows.tolist(), _inverse(norms).tolist()):  # Eq. 1, in place
                 torch.mul(updates[r], scale, out=state["basis"][p])
         state["gram"] = new_gram
         if fresh is not None:
@@ -371,7 +376,7 @@ class FedSteer(Strategy):
         return list(range(ctx.num_clients)) if every and (round_idx + 1) % every == 0 else []
 
     def observe(self, state, ctx, clients, updates, round_idx):
-        proj, _ = _inner_products(updates, state["basis"])  # Q^T g_i against the refreshed Q
+        proj, _ = _inner_products(updates, state["basis"], with_self=False)  # Q^T g_i against the refreshed Q
         state["coords"][clients] = self._solve(state["gram"], proj.double())  # Eq. 3
         state["last_refresh"][clients] = round_idx
 
