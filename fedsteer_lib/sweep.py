@@ -76,6 +76,8 @@ def missing(configs: Iterable[RunConfig], root: str | os.PathLike | None = None)
 
 def _run_and_save(args: tuple[RunConfig, str | None, int]) -> str:
     config, root, threads = args
+    if has_run(config, root):  # finished meanwhile by another sweep or a notebook sharing the cache
+        return config.key()
     torch.set_num_threads(threads)
     global _SIM
     if _SIM is None or not _same_data(_SIM.config, config):
