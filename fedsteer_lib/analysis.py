@@ -48,7 +48,7 @@ __all__ = [
     "ablation_configs", "SWEEP_COMMAND", "DATASET_NAMES", "by_role", "profile_note", "fedstale_table",
     "describe_gains", "choices_table", "model_table", "tuning_evidence", "remaining_runs",
     "gains_display", "describe_collapses", "main_findings", "compare_display", "describe_claims",
-    "smoke_test_note", "describe_comparison", "accuracy_level_note",
+    "smoke_test_note", "describe_comparison", "accuracy_level_note", "metric_table", "describe_metrics",
 ]
 
 # ------------------------------------------------------------------------------ constants
@@ -348,6 +348,40 @@ def table1_display(t1: pd.DataFrame) -> pd.DataFrame:
     out.columns = pd.MultiIndex.from_tuples(out.columns)
     out.index.name = "method"
     return out
+
+
+def metric_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Table 1's means under two metrics side by side, per method (rows) and γ: the paper's final
+    accuracy (one round) and our addition, the mean accuracy over the last evaluated rounds
+    (`mean_last_accuracy`), with FedSteer's gain over the best baseline under each."""
+    cols = {}
+    for metric, name in (("final_accuracy", "final round"), ("mean_last_accuracy", "mean of last rounds")):
+        t = table1(runs, metric)
+        for gamma, grp in t.groupby("gamma", sort=True):
+            cols[(f"γ={gamma:g}", name)] = grp.set_index("method")["mean"]
+    if not cols:
+        return pd.DataFrame()
+    out = pd.DataFrame(cols)
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    out = out[sorted(out.columns, key=lambda c: (c[0], c[1] != "final round"))]
+    return out.loc[[ROLE_NAMES[r] for r in ROLES if ROLE_NAMES[r] in out.index]]
+
+
+def describe_metrics(runs: pd.DataFrame) -> str:
+    """Markdown bullets: FedSteer's relative gain over the best baseline per γ under both metrics
+    of `metric_table`, and whether the sign is the same."""
+    lines = []
+    per_metric = {m: gains(table1(runs, m)) for m in ("final_accuracy", "mean_last_accuracy")}
+    a, b = (g[g["headline"]].set_index(["dataset", "gamma"]) if not g.empty else g for g in per_metric.values())
+    if a.empty or b.empty:
+        return ""
+    for key in a.index.intersection(b.index):
+        fa, fb = a.loc[key, "gain_vs_best_baseline"], b.loc[key, "gain_vs_best_baseline"]
+        same = (fa > 0) == (fb > 0)
+        lines.append(f"- γ={key[1]:g}: FedSteer vs the best baseline {format_pct(fa)} on the final round, "
+                     f"{format_pct(fb)} on the mean of the last rounds"
+                     + (" — same sign." if same else " — **the sign flips with the metric**."))
+    return "\n".join(lines)
 
 
 def format_pct(value: float, signed: bool = True) -> str:

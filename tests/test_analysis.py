@@ -384,3 +384,19 @@ def test_accuracy_level_note_compares_the_paper_with_every_tuning_setting():
     assert "within the range" in A.accuracy_level_note(close)
     assert "not computed yet" in A.accuracy_level_note(None)
     assert A.accuracy_level_note(tuning, dataset="cifar10") == ""  # the paper quotes no FedAvg number there
+
+
+def test_metric_table_and_describe_metrics(runs):
+    # mean of the last rounds: everything as in ACC except FedSteer at 0.9, now below FedAvg
+    last = runs.assign(mean_last_accuracy=runs["final_accuracy"])
+    last.loc[(last["label"] == "fedsteer") & (last["gamma"] == 0.9), "mean_last_accuracy"] = 0.40
+    table = A.metric_table(last)
+    assert list(table.columns) == [("γ=0.7", "final round"), ("γ=0.7", "mean of last rounds"),
+                                   ("γ=0.9", "final round"), ("γ=0.9", "mean of last rounds")]
+    assert table.index[0] == "Full participation" and table.loc["FedSteer", ("γ=0.9", "final round")] == pytest.approx(0.61)
+    assert table.loc["FedSteer", ("γ=0.9", "mean of last rounds")] == pytest.approx(0.40)
+    text = A.describe_metrics(last)
+    # γ=0.9: best baseline FedAvg 0.52 -> +17.3 % on the final round, (0.40 - 0.52) / 0.52 = -23.1 % on the last rounds
+    assert "γ=0.9: FedSteer vs the best baseline +17.3 % on the final round, -23.1 %" in text
+    assert "the sign flips with the metric" in text
+    assert "γ=0.7" in text and text.count("same sign") == 1
