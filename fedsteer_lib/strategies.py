@@ -330,10 +330,11 @@ class FedSteer(Strategy):
         need_rhs = bool(due.any())
         if not rows.numel() and not need_rhs:
             return pos, rows, None, gram, due, None
-        proj, inner = _inner_products(updates, basis)  # Q^T g_i (m, k) and g_i^T g_l (m, m)
-        inner = inner[:, rows]  # against the active core members' updates only
+        # Q^T g_i (m, k), and g_i^T g_l (m, m) only when a core member's row of Q is replaced
+        proj, inner = _inner_products(updates, basis, with_self=bool(rows.numel()))
         new_gram, norms = gram, None
         if rows.numel():
+            inner = inner[:, rows]  # against the active core members' updates only
             norms = inner[rows].diagonal().clamp_min(0).sqrt()
             inv = _inverse(norms)  # Eq. 1: row j of Q is h_j / ||h_j||
             cross = proj[rows] * inv[:, None]  # the new rows of Q against the old basis
