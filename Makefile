@@ -19,7 +19,7 @@ LIB       := $(wildcard fedsteer_lib/*.py)
 MATHJAX   := book/_static/mathjax/tex-chtml.js
 FMNIST_STAMP := data/.fmnist-ok
 
-.PHONY: help setup venv data book test lab reproduce book-html clean
+.PHONY: help setup venv data book test lab reproduce book-html clean gpu-data
 
 help:
 	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
@@ -93,3 +93,8 @@ reproduce: setup
 
 clean:
 	rm -rf _build book/chapters
+
+# For a session lent a GPU (bench/gpu_session.sh): the data travels with the working tree.
+gpu-data: $(FMNIST_STAMP)
+	mkdir -p data/FashionMNIST/raw
+	src="$$($(PY) -m fedsteer_lib data | tail -1)"; [ "$$src" -ef data/FashionMNIST/raw ] || cp -n "$$src"/*-ubyte* data/FashionMNIST/raw/

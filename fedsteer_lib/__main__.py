@@ -3,6 +3,7 @@
     python -m fedsteer_lib data                         # make sure Fashion-MNIST is on disk
     python -m fedsteer_lib tune --dataset fmnist        # FedAvg-only hyperparameter tuning (validation split)
     python -m fedsteer_lib sweep --profile paper --dataset fmnist [--what main|ablations|all] [--workers 2]
+                                 [--device cuda --client-batch 100]
     python -m fedsteer_lib status --profile paper       # how much of a sweep is cached
 """
 from __future__ import annotations
@@ -41,11 +42,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dataset", choices=sorted(DATASET_DEFAULTS), default="fmnist")
         p.add_argument("--device", default="cpu")
         p.add_argument("--workers", type=int, default=1)
+        if name != "status":
+            p.add_argument("--client-batch", type=int, default=1, metavar="N",
+                           help="train up to N clients of a round at once (vectorised; for GPUs, default 1)")
         p.add_argument("--results", default=None, help="results directory (default data/results)")
         if name != "tune":
             p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
             p.add_argument("--what", choices=("main", "ablations", "diagnostics", "all"), default="all")
     args = parser.parse_args(argv)
+    if getattr(args, "client_batch", 1) < 1:
+        parser.error(f"--client-batch must be an integer >= 1, got {args.client_batch}")
 
     if args.command == "data":
         from .data import DatasetNotFoundError, ensure_fashion_mnist
@@ -73,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         root = args.results or RESULTS_DIR
         from .tuning import select, tuning_configs, tuning_table
 
-        configs = tuning_configs(args.dataset, device=args.device)
+        configs = [c.replace(client_batch=args.client_batch).validate()
+                   for c in tuning_configs(args.dataset, device=args.device)]
         run_grid(configs, root, workers=args.workers, desc="tuning (FedAvg, validation split)")
         table = tuning_table(configs, root)
         print(table.to_string(index=False))
@@ -88,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
     # with at least its first seeds rather than one group complete and the others empty.
-    queue = list({c.key(): c for configs in groups.values() for c in configs}.values())
+    queue = list({c.key(): c.replace(client_batch=args.client_batch).validate()
+                  for configs in groups.values() for c in configs}.values())
     n = run_grid(queue, root, workers=args.workers, desc="+".join(groups))
     print(f"computed {n} runs; {len(queue)} in the grid ({', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
     return 0

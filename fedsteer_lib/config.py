@@ -187,7 +187,8 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One simulated training run: everything that determines its result, plus the device."""
+    """One simulated training run: everything that determines its result, plus how it is
+    executed (`device`, `client_batch`), which is recorded with the result but not in its key."""
 
     dataset: str = "fmnist"
     method: MethodSpec = field(default_factory=lambda: method("fedavg"))
@@ -197,9 +198,12 @@ class RunConfig:
     seed: int = 0
     emnist_split: str = "balanced"
     device: str = "cpu"
+    client_batch: int = 1  # execution only: > 1 trains up to this many clients at once (for GPUs)
 
     def validate(self) -> "RunConfig":
         _check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
+        _check(isinstance(self.client_batch, int) and self.client_batch >= 1, "client_batch", "an integer >= 1",
+               self.client_batch)
         _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
         self.system.validate()
         self.training.validate()
@@ -210,8 +214,9 @@ class RunConfig:
     def to_dict(self, with_device: bool = True) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["method"] = {"name": self.method.name, **{k: self.method.get(k) for k in METHODS[self.method.name]}}
-        if not with_device:
+        if not with_device:  # how a run was executed is provenance, not part of its identity
             d.pop("device")
+            d.pop("client_batch")
         return d
 
     def key(self) -> str:

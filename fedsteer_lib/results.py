@@ -73,7 +73,8 @@ def save_run(result: RunResult, config: RunConfig, root: str | os.PathLike | Non
     """Write one run atomically; returns its path."""
     path = run_path(config, root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"key": config.key(), "config": config.to_dict(with_device=False), "provenance": provenance(config.device),
+    payload = {"key": config.key(), "config": config.to_dict(with_device=False),
+               "provenance": {**provenance(config.device), "client_batch": config.client_batch},
                "summary": result.summary, "history": result.history, "extras": result.extras}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
     try:
