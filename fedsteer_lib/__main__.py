@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         root = args.results or RESULTS_DIR
         from .tuning import select, tuning_configs, tuning_table
 
-        configs = [c.replace(client_batch=args.client_batch).validate()
-                   for c in tuning_configs(args.dataset, device=args.device)]
+        configs = [c.replace(client_batch=args.client_batch) for c in tuning_configs(args.dataset, device=args.device)]
         run_grid(configs, root, workers=args.workers, desc="tuning (FedAvg, validation split)")
         table = tuning_table(configs, root)
         print(table.to_string(index=False))
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
     # with at least its first seeds rather than one group complete and the others empty.
-    queue = list({c.key(): c.replace(client_batch=args.client_batch).validate()
+    queue = list({c.key(): c.replace(client_batch=args.client_batch)
                   for configs in groups.values() for c in configs}.values())
     n = run_grid(queue, root, workers=args.workers, desc="+".join(groups))
     print(f"computed {n} runs; {len(queue)} in the grid ({', '.join(f'{k} {len(v)}' for k, v in groups.items())})")

@@ -90,26 +90,23 @@ def client_updates(sim: SimData, training: Training, weights: torch.Tensor, clie
     without BatchNorm) the clients are trained in vectorised groups of that size: the same
     minibatches, equal up to floating-point rounding."""
     tr = training
-    updates, steps, losses = [], [], []
+    kw = dict(epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.client_lr, generator=generator)
+
+    def spec(i: int) -> LocalSpec | None:  # made when needed: SCAFFOLD's holds a d-sized correction
+        return strategy.local_spec(state, i) if strategy is not None else None
+
     if sim.client_batch > 1 and can_batch(sim.flat_model):
+        results = []
         for first in range(0, len(clients), sim.client_batch):
             group = clients[first: first + sim.client_batch]
-            specs = [strategy.local_spec(state, i) if strategy is not None else None for i in group]
-            for r in local_train_batch(sim.flat_model, weights, [(sim.client_images[i], sim.client_labels[i]) for i in group],
-                                       epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.client_lr,
-                                       generator=generator, specs=specs):
-                updates.append(r.update)
-                steps.append(r.num_steps)
-                losses.append(r.final_loss)
-        clients = []
-    for i in clients:
-        spec = strategy.local_spec(state, i) if strategy is not None else None
-        r = local_train(sim.flat_model, weights, sim.client_images[i], sim.client_labels[i],
-                        epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.client_lr,
-                        generator=generator, spec=spec)
-        updates.append(r.update)
-        steps.append(r.num_steps)
-        losses.append(r.final_loss)
+            results += local_train_batch(sim.flat_model, weights, [(sim.client_images[i], sim.client_labels[i]) for i in group],
+                                         specs=[spec(i) for i in group], **kw)
+    else:
+        results = [local_train(sim.flat_model, weights, sim.client_images[i], sim.client_labels[i], spec=spec(i), **kw)
+                   for i in clients]
+    updates = [r.update for r in results]
+    steps = [r.num_steps for r in results]
+    losses = [r.final_loss for r in results]
     dim = sim.flat_model.dim
     stacked = torch.stack(updates) if updates else torch.zeros(0, dim, device=weights.device)
     return stacked, torch.tensor(steps, dtype=torch.long, device=weights.device), losses
