@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from .book import results_root
     from .data import DatasetNotFoundError, load_dataset
     from .results import RESULTS_DIR
-    from .sweep import missing, run_grid
+    from .sweep import complete_seeds, missing, run_grid
 
     if args.command in ("tune", "sweep"):  # fail before any work, with the message that says how to get the data
         try:
@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         for name, configs in groups.items():
             print(f"{name:22s} {len(configs) - len(missing(configs, root)):4d} / {len(configs):4d} runs cached")
+        seeds = complete_seeds([c for configs in groups.values() for c in configs], root)
+        seeds_arg = ",".join(map(str, seeds))
+        print(f"seeds complete in every group: {seeds_arg or 'none'}"
+              + (f"  (render from them: make book SEEDS={seeds_arg})" if seeds else ""))
         return 0
     # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
     # with at least its first seeds rather than one group complete and the others empty.

@@ -20,7 +20,7 @@ from .config import (DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec,
 from .engine import SimData, prepare, run
 from .results import has_run, save_run
 
-__all__ = ["grid", "run_grid", "paper_grid", "ablation_grid", "missing"]
+__all__ = ["grid", "run_grid", "paper_grid", "ablation_grid", "missing", "complete_seeds"]
 
 
 def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "paper", *,
@@ -72,6 +72,16 @@ def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", dev
 
 def missing(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> list[RunConfig]:
     return [c for c in configs if not has_run(c, root)]
+
+
+def complete_seeds(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> list[int]:
+    """The seeds whose every run in `configs` is cached (a grid that uses fewer seeds, like
+    Fig. 5's, does not hold back the seeds it leaves out). These are the seeds a book can be
+    rendered from without computing: `make book SEEDS=...`."""
+    configs = list(configs)
+    seeds = sorted({c.seed for c in configs})
+    lacking = {c.seed for c in missing(configs, root)}
+    return [s for s in seeds if s not in lacking]
 
 
 def _run_and_save(args: tuple[RunConfig, str | None, int]) -> str:

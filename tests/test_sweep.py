@@ -68,3 +68,17 @@ def test_missing_result_is_a_clear_error(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no result for run"):
         load_run(_configs()[0], tmp_path)
+
+
+def test_complete_seeds_lists_only_seeds_with_every_run_cached(tmp_path):
+    from fedsteer_lib.sweep import complete_seeds, run_grid
+
+    configs = _configs()
+    assert complete_seeds(configs, tmp_path) == []
+    seed0 = [c for c in configs if c.seed == 0]
+    run_grid(seed0 + [c for c in configs if c.seed == 1][:1], tmp_path, progress=False)
+    assert complete_seeds(configs, tmp_path) == [0]
+    # a grid without seed 1 (like Fig. 5's fewer seeds) does not hold seed 1 back
+    assert complete_seeds(seed0, tmp_path) == [0]
+    run_grid(configs, tmp_path, progress=False)
+    assert complete_seeds(configs, tmp_path) == [0, 1]
