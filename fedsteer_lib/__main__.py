@@ -91,17 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         for name, configs in groups.items():
             print(f"{name:22s} {len(configs) - len(missing(configs, root)):4d} / {len(configs):4d} runs cached")
-        seeds = complete_seeds([c for configs in groups.values() for c in configs], root)
+        everything = [c for configs in groups.values() for c in configs]
+        seeds = complete_seeds(everything, root)
         seeds_arg = ",".join(map(str, seeds))
-        print(f"seeds complete in every group: {seeds_arg or 'none'}"
-              + (f"  (render from them: make book SEEDS={seeds_arg})" if seeds else ""))
+        if not missing(everything, root):
+            hint = "  (every run cached: make book renders from the cache, computing nothing)"
+        elif seeds:
+            hint = f"  (render from them: make book SEEDS={seeds_arg})"
+        else:
+            hint = ""
+        print(f"seeds complete in every group: {seeds_arg or 'none'}{hint}")
         return 0
     # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
     # with at least its first seeds rather than one group complete and the others empty.
     queue = list({c.key(): c.replace(client_batch=args.client_batch)
                   for configs in groups.values() for c in configs}.values())
     n = run_grid(queue, root, workers=args.workers, desc="+".join(groups))
-    print(f"computed {n} runs; {len(queue)} in the grid ({', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
+    print(f"computed {n} runs; {len(queue)} distinct runs in the grid (groups share some runs: "
+          f"{', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
     return 0
 
 

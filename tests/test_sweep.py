@@ -82,3 +82,14 @@ def test_complete_seeds_lists_only_seeds_with_every_run_cached(tmp_path):
     assert complete_seeds(seed0, tmp_path) == [0]
     run_grid(configs, tmp_path, progress=False)
     assert complete_seeds(configs, tmp_path) == [0, 1]
+
+
+def test_committed_results_cover_the_whole_fashion_mnist_paper_grid():
+    """`make book` renders the paper profile without computing: every run of its grid is committed."""
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "fedsteer_lib", "status", "--profile", "paper",
+                          "--dataset", "fmnist"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    counts = [line.split()[1:4] for line in out.splitlines() if "runs cached" in line]
+    assert len(counts) == 10, out
+    assert all(cached == total for cached, _, total in counts), out
+    assert out.strip().endswith("(every run cached: make book renders from the cache, computing nothing)"), out
