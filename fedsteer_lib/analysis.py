@@ -906,6 +906,73 @@ def accuracy_level_note(tuning: pd.DataFrame | None, dataset: str = "fmnist", ga
     return text
 
 
+SUSPECTS = {
+    "estimator ordering": "the order in which Eq. 4 uses this round's updates (§2.2 read literally vs our unbiased default)",
+    "warm-up information": "the warm-up snapshot of every client's update that FedSteer gets and the stale-memory baselines do not",
+}
+
+
+def disagreement_checks(main: pd.DataFrame, ordering: pd.DataFrame, fair_start: pd.DataFrame) -> pd.DataFrame:
+    """Paired (by seed) checks of two suspects for FedSteer losing to the baselines here.
+
+    `main` holds the Table 1 grid, `ordering` the as-written FedSteer runs and `fair_start` the
+    FedVARP / MIFA runs given the warm-up snapshot (chapter 7's groups). The best baseline is
+    chosen per (dataset, gamma) by mean test accuracy, as `gains` does (and the paper reports).
+    One row per comparison and gamma, with the columns of `paired_comparison` plus `suspect`.
+    """
+    t1 = table1(main)
+    if t1.empty:
+        return pd.DataFrame()
+    best = gains(t1).drop_duplicates(["dataset", "gamma"]).set_index(["dataset", "gamma"])["best_baseline_label"]
+    steer, avg = by_role(main, "fedsteer"), by_role(main, "fedavg")
+    best_runs = pd.concat([main[(main["dataset"] == ds) & np.isclose(main["gamma"], g) & (main["label"] == lab)]
+                           for (ds, g), lab in best.items() if lab is not None])
+    checks = [("estimator ordering", ordering, steer, "FedSteer (as written)", "FedSteer (unbiased)"),
+              ("estimator ordering", ordering, avg, "FedSteer (as written)", "FedAvg"),
+              ("estimator ordering", ordering, best_runs, "FedSteer (as written)", "best baseline"),
+              ("estimator ordering", steer, best_runs, "FedSteer (unbiased)", "best baseline")]
+    for m in ("fedvarp", "mifa"):
+        warm, cold = fair_start[fair_start["method"] == m], main[main["label"] == m]
+        checks += [("warm-up information", warm, cold, f"{ROLE_NAMES[m]} + warm-up", ROLE_NAMES[m]),
+                   ("warm-up information", steer, warm, "FedSteer (unbiased)", f"{ROLE_NAMES[m]} + warm-up")]
+    out = []
+    for suspect, a, b, a_name, b_name in checks:
+        if a.empty or b.empty:
+            continue
+        cmp = paired_comparison(a, b, a_name, b_name).rename(columns={a_name: "a", b_name: "b"})
+        cmp.insert(2, "suspect", suspect)
+        out.append(cmp)
+    if not out:
+        return pd.DataFrame()
+    table = pd.concat(out, ignore_index=True)
+    table["best baseline"] = [best.get((ds, g)) if "best baseline" in c else None
+                              for ds, g, c in zip(table["dataset"], table["gamma"], table["comparison"])]
+    table["relative gain"] = table["a"] / table["b"] - 1
+    return table
+
+
+def describe_disagreement(checks: pd.DataFrame) -> str:
+    """Markdown: what the paired checks of `disagreement_checks` say, suspect by suspect, with the
+    as-written ordering's gain over the best baseline next to the paper's headline gains."""
+    if checks.empty:
+        return "No runs of the ordering and fair-start ablations yet: nothing to check."
+    lines = []
+    for suspect, grp in checks.groupby("suspect", sort=False):
+        lines.append(f"\n**{suspect.capitalize()}**: {SUSPECTS[suspect]}.\n")
+        for _, r in grp.iterrows():
+            best = f" (the best baseline here: {_display(r['best baseline'], r['dataset'])})" \
+                if "best baseline" in r["comparison"] else ""
+            lines.append(f"- γ={r['gamma']:g}: {r['verdict']}; relative gain {format_pct(r['relative gain'])}{best}.")
+    literal = checks[checks["comparison"] == "FedSteer (as written) vs best baseline"]
+    quoted = [(r, _paper_for(r["dataset"], r["gamma"], "gain_vs_best_baseline", "fedsteer")) for _, r in literal.iterrows()]
+    quoted = [(r, paper) for r, paper in quoted if paper == paper]
+    if quoted:
+        lines.append("\n**Next to the paper's headline:** FedSteer's gain over the best baseline with the literal "
+                     "ordering is " + "; ".join(f"{format_pct(r['relative gain'])} at γ={r['gamma']:g} (paper "
+                                                f"{format_pct(paper)})" for r, paper in quoted) + ".")
+    return "\n".join(lines).strip()
+
+
 def tuning_evidence(dataset: str = "fmnist", root=None) -> tuple[pd.DataFrame | None, str]:
     """The FedAvg-only tuning runs found under `root` (the paper profile's cache), and a
     Markdown sentence: what `tuning.select` picks and whether `config.TUNED` holds it, or that

@@ -400,3 +400,29 @@ def test_metric_table_and_describe_metrics(runs):
     assert "γ=0.9: FedSteer vs the best baseline +17.3 % on the final round, -23.1 %" in text
     assert "the sign flips with the metric" in text
     assert "γ=0.7" in text and text.count("same sign") == 1
+
+
+def test_disagreement_checks_pair_the_suspects_with_the_best_baseline(runs):
+    ordering = make_runs({0.9: {"fedsteer(ordering=as_written)": (0.64, 0.66)},
+                          0.7: {"fedsteer(ordering=as_written)": (0.76, 0.80)}})
+    fair = make_runs({0.9: {"fedvarp(warmup_cycles=5)": (0.47, 0.49), "mifa(warmup_cycles=5)": (0.35, 0.37)},
+                      0.7: {"fedvarp(warmup_cycles=5)": (0.73, 0.75), "mifa(warmup_cycles=5)": (0.61, 0.61)}})
+    checks = A.disagreement_checks(runs, ordering, fair).set_index(["gamma", "comparison"])
+    assert len(checks) == 16
+    # best baseline: FedAvg at 0.9 (0.52), FedVARP at 0.7 (0.74); paired by seed
+    best9 = checks.loc[(0.9, "FedSteer (as written) vs best baseline")]
+    assert best9["best baseline"] == "fedavg"
+    assert math.isclose(best9["difference"], 0.13) and math.isclose(best9["relative gain"], 0.65 / 0.52 - 1)
+    best7 = checks.loc[(0.7, "FedSteer (as written) vs best baseline")]
+    assert best7["best baseline"] == "fedvarp" and math.isclose(best7["difference"], 0.04)
+    assert math.isclose(checks.loc[(0.9, "FedSteer (as written) vs FedSteer (unbiased)"), "difference"], 0.04)
+    warm = checks.loc[(0.9, "FedVARP + warm-up vs FedVARP")]
+    assert math.isclose(warm["difference"], 0.02) and warm["suspect"] == "warm-up information"
+    assert pd.isna(warm["best baseline"])
+    assert math.isclose(checks.loc[(0.9, "FedSteer (unbiased) vs MIFA + warm-up"), "difference"], 0.25)
+    text = A.describe_disagreement(A.disagreement_checks(runs, ordering, fair))
+    assert "+25.0 % at γ=0.9 (paper +8.8 %)" in text and "(paper +7.8 %)" in text
+    assert "**Estimator ordering**" in text and "**Warm-up information**" in text
+    only_main = A.disagreement_checks(runs, ordering.iloc[:0], fair.iloc[:0])  # ablations not run yet
+    assert list(only_main["comparison"]) == ["FedSteer (unbiased) vs best baseline"] * 2
+    assert "nothing to check" in A.describe_disagreement(A.disagreement_checks(runs.iloc[:0], ordering, fair))
