@@ -89,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     root = args.results or results_root(args.profile)
     groups = _sweep_configs(args)
     if args.command == "status":
+        lacking = 0
         for name, configs in groups.items():
-            print(f"{name:22s} {len(configs) - len(missing(configs, root)):4d} / {len(configs):4d} runs cached")
-        everything = [c for configs in groups.values() for c in configs]
-        seeds = complete_seeds(everything, root)
+            n_missing = len(missing(configs, root))
+            lacking += n_missing
+            print(f"{name:22s} {len(configs) - n_missing:4d} / {len(configs):4d} runs cached")
+        seeds = complete_seeds([c for configs in groups.values() for c in configs], root)
         seeds_arg = ",".join(map(str, seeds))
-        if not missing(everything, root):
+        if not lacking:
             hint = "  (every run cached: make book renders from the cache, computing nothing)"
         elif seeds:
             hint = f"  (render from them: make book SEEDS={seeds_arg})"

@@ -925,8 +925,7 @@ def disagreement_checks(main: pd.DataFrame, ordering: pd.DataFrame, fair_start: 
         return pd.DataFrame()
     best = gains(t1).drop_duplicates(["dataset", "gamma"]).set_index(["dataset", "gamma"])["best_baseline_label"]
     steer, avg = by_role(main, "fedsteer"), by_role(main, "fedavg")
-    best_runs = pd.concat([main[(main["dataset"] == ds) & np.isclose(main["gamma"], g) & (main["label"] == lab)]
-                           for (ds, g), lab in best.items() if lab is not None])
+    best_runs = main[[best.get((ds, float(g))) == lab for ds, g, lab in zip(main["dataset"], main["gamma"], main["label"])]]
     checks = [("estimator ordering", ordering, steer, "FedSteer (as written)", "FedSteer (unbiased)"),
               ("estimator ordering", ordering, avg, "FedSteer (as written)", "FedAvg"),
               ("estimator ordering", ordering, best_runs, "FedSteer (as written)", "best baseline"),
