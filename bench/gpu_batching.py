@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -65,7 +66,8 @@ def measure(device: str, clients: int, batches: list[int], gamma: float = 0.9, s
     model.to(memory_format=torch.channels_last)
     noise = float((contiguous - reference).abs().max() / reference.abs().max())
     print(f"one by one, default memory format: max rel. diff {noise:.1e} (other kernels, same algorithm)", flush=True)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    name = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+            else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
     return {"device": f"{device} ({name})", "torch": torch.__version__, "clients": len(ids), "gamma": gamma,
             "local_samples": samples, "training": vars(cfg.training), "rows": rows,
             "rounding_reference_rel_diff": noise}

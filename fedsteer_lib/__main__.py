@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--workers", type=int, default=1)
         if name != "status":
             p.add_argument("--client-batch", type=int, default=1, metavar="N",
-                           help="train up to N clients of a round at once (vectorised; for GPUs, default 1)")
+                           help="train up to N clients of a round at once (vectorised; for GPUs, slower on a CPU; default 1)")
         p.add_argument("--results", default=None, help="results directory (default data/results)")
         if name != "tune":
             p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "client_batch", 1) < 1:
         parser.error(f"--client-batch must be an integer >= 1, got {args.client_batch}")
+    if getattr(args, "client_batch", 1) > 1 and args.device.split(":")[0] == "cpu":
+        print("note: --client-batch > 1 vectorises clients for a GPU; on a CPU it was measured slower than training "
+              "them one by one (data/results/bench/cpu_batching.json); the results agree up to floating-point rounding",
+              file=sys.stderr)
 
     if args.command == "data":
         from .data import DatasetNotFoundError, ensure_fashion_mnist

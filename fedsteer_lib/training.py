@@ -148,7 +148,8 @@ def local_train_batch(
     one-by-one loop run on a default-format model to about 1e-6, and differs from the
     channels_last loop as much as that loop differs from itself in the other layout
     (bench/gpu_batching.py measures both). Made for GPUs, where one client's
-    small minibatches leave the device idle; on a 2-core CPU it was no faster than the loop.
+    small minibatches leave the device idle; on a 2-core CPU it is slower than the loop, the
+    more so the larger the group (data/results/bench/cpu_batching.json).
     Models with BatchNorm are not supported (`can_batch`)."""
     from torch.func import functional_call, grad, vmap
 

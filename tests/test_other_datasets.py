@@ -67,3 +67,16 @@ def test_sweep_without_the_data_says_how_to_get_it(tmp_path, name, missing_file)
     assert proc.returncode == 1, proc.stderr
     assert missing_file in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "results").exists()
+    assert "client-batch" not in proc.stderr  # the CPU note below only when it applies
+
+
+def test_client_batch_on_a_cpu_says_it_is_slower(tmp_path):
+    """The note comes before any work (here the run stops at the missing EMNIST data)."""
+    env = {**os.environ, "FEDSTEER_DATA": str(tmp_path)}
+    env.pop("FEDSTEER_ALLOW_DOWNLOAD", None)
+    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "sweep", "--dataset", "emnist", "--device", "cpu",
+                           "--client-batch", "8", "--results", str(tmp_path / "results")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "--client-batch > 1" in proc.stderr and "slower" in proc.stderr
+    assert (ROOT / "data/results/bench/cpu_batching.json").is_file()  # the measurement the note names
