@@ -56,14 +56,18 @@ def test_paper_profile_runs_end_to_end_on_synthetic_files(tmp_path, monkeypatch,
     data._read_folder.cache_clear()
 
 
+def _sweep_without_data(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m fedsteer_lib sweep ARGS` with an empty data folder and downloads off."""
+    env = {**os.environ, "FEDSTEER_DATA": str(tmp_path)}
+    env.pop("FEDSTEER_ALLOW_DOWNLOAD", None)
+    return subprocess.run([sys.executable, "-m", "fedsteer_lib", "sweep", *args, "--results", str(tmp_path / "results")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.parametrize("name, missing_file", [("emnist", "emnist-balanced-train-images-idx3-ubyte"),
                                                 ("cifar10", "data_batch_1")])
 def test_sweep_without_the_data_says_how_to_get_it(tmp_path, name, missing_file):
-    env = {**os.environ, "FEDSTEER_DATA": str(tmp_path)}
-    env.pop("FEDSTEER_ALLOW_DOWNLOAD", None)
-    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "sweep", "--dataset", name, "--profile", "paper",
-                           "--results", str(tmp_path / "results")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = _sweep_without_data(tmp_path, "--dataset", name, "--profile", "paper")
     assert proc.returncode == 1, proc.stderr
     assert missing_file in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "results").exists()
@@ -72,11 +76,7 @@ def test_sweep_without_the_data_says_how_to_get_it(tmp_path, name, missing_file)
 
 def test_client_batch_on_a_cpu_says_it_is_slower(tmp_path):
     """The note comes before any work (here the run stops at the missing EMNIST data)."""
-    env = {**os.environ, "FEDSTEER_DATA": str(tmp_path)}
-    env.pop("FEDSTEER_ALLOW_DOWNLOAD", None)
-    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "sweep", "--dataset", "emnist", "--device", "cpu",
-                           "--client-batch", "8", "--results", str(tmp_path / "results")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = _sweep_without_data(tmp_path, "--dataset", "emnist", "--device", "cpu", "--client-batch", "8")
     assert proc.returncode == 1
     assert "--client-batch > 1" in proc.stderr and "slower" in proc.stderr
     assert (ROOT / "data/results/bench/cpu_batching.json").is_file()  # the measurement the note names
