@@ -16,13 +16,17 @@ from .config import DATASET_DEFAULTS, PROFILES
 
 
 def _sweep_configs(args) -> dict[str, list]:
-    from .sweep import ablation_grid, paper_grid
+    from .sweep import ablation_grid, framework_grid, paper_grid, regime_grid
 
     groups: dict[str, list] = {}
     if args.what in ("main", "all"):
         groups["main"] = paper_grid(args.dataset, args.profile, args.device)
     if args.what in ("ablations", "all"):
         groups.update(ablation_grid(args.dataset, args.profile, args.device))
+    if args.what in ("conventions", "all"):
+        groups["framework_conventions"] = framework_grid(args.dataset, args.profile, args.device)
+    if args.what in ("regimes", "all"):
+        groups["regime_map"] = regime_grid(args.dataset, args.profile, args.device)
     if args.what in ("diagnostics", "all"):
         from .diagnostics import alignment_grid, convergence_grid, stability_grid
 
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--results", default=None, help="results directory (default data/results)")
         if name != "tune":
             p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
-            p.add_argument("--what", choices=("main", "ablations", "diagnostics", "all"), default="all")
+            p.add_argument("--what", choices=("main", "ablations", "conventions", "regimes", "diagnostics", "all"), default="all")
     args = parser.parse_args(argv)
     if getattr(args, "client_batch", 1) < 1:
         parser.error(f"--client-batch must be an integer >= 1, got {args.client_batch}")

@@ -261,7 +261,7 @@ def role(label: str, dataset: str | None = None) -> str | None:
     if name == "fedstale":
         return "fedstale" if set(params) <= {"beta"} else None
     if name == "fedprox":
-        return "fedprox" if label_param(label, "mu") == 0.1 else None
+        return "fedprox" if set(params) <= {"mu"} and label_param(label, "mu") == 0.1 else None
     if params:  # e.g. fedvarp(warmup_cycles=5): the fair-start variant
         return None
     return name if name in ROLES else None

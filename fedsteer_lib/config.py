@@ -22,6 +22,7 @@ from typing import Any
 __all__ = [
     "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHODS", "PROFILES",
     "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile",
+    "framework_methods", "regime_methods", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
 ]
 
 
@@ -93,9 +94,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedavg_unbiased": {},              # sum_{i in A} d_i / p_i g_i
     "fedvarp": {"warmup_cycles": 0},    # > 0: fair-start check, memory h from the same warm-up snapshot as FedSteer
     "fedstale": {"beta": 0.7},
-    "mifa": {"warmup_cycles": 0},
-    "scaffold": {},
-    "fedprox": {"mu": 0.1},
+    "mifa": {"warmup_cycles": 0, "start": "zero"},  # start="wait_all": MIFA's fdu.py (no step until all seen)
+    "scaffold": {"weighting": "normalized"},        # weighting="unbiased": sum_A (d_i/p_i) g_i, not renormalised
+    "fedprox": {"mu": 0.1, "weighting": "normalized"},
     "full": {},                         # full participation: every client every round
     "fedsteer": {
         "core_size": 40, "lam": 0.5, "refresh_every": 1, "ordering": "unbiased",
@@ -105,8 +106,17 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 # Parameters added after results were first cached: left out of a run's key while at their
 # default, so that earlier results keep their names.
-LATE_DEFAULTS: dict[str, dict[str, Any]] = {"fedsteer": {"enforce_every": 0}}
+LATE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fedsteer": {"enforce_every": 0},
+    "fedprox": {"weighting": "normalized"},
+    "scaffold": {"weighting": "normalized"},
+    "mifa": {"start": "zero"},
+}
 ORDERINGS = ("unbiased", "as_written")
+# How FedAvg-style rules weight the active clients: "normalized" = sum_A d_i g_i / sum_A d_i (the
+# FedProx / NIID-Bench convention), "unbiased" = sum_A (d_i / p_i) g_i (the FedStale code base's).
+WEIGHTINGS = ("normalized", "unbiased")
+MIFA_STARTS = ("zero", "wait_all")
 SELECTIONS = ("greedy", "random")
 
 
@@ -135,6 +145,10 @@ class MethodSpec:
             _check(0.0 <= self.get("beta") <= 1.0, "fedstale beta", "in [0, 1]", self.get("beta"))
         if self.name == "fedprox":
             _check(self.get("mu") >= 0.0, "fedprox mu", ">= 0", self.get("mu"))
+        if self.name in ("fedprox", "scaffold"):
+            _check(self.get("weighting") in WEIGHTINGS, f"{self.name} weighting", f"one of {WEIGHTINGS}", self.get("weighting"))
+        if self.name == "mifa":
+            _check(self.get("start") in MIFA_STARTS, "mifa start", f"one of {MIFA_STARTS}", self.get("start"))
         if self.name == "fedsteer":
             k = self.get("core_size")
             _check(isinstance(k, int) and 1 <= k <= num_clients, "fedsteer core_size", f"an integer in [1, num_clients={num_clients}]", k)
@@ -262,6 +276,35 @@ def paper_methods(dataset: str) -> list[MethodSpec]:
         + [method("scaffold"), method("mifa"), method("fedprox"), method("full")]
         + [method("fedsteer", **steer), method("fedsteer", refresh_every=5, **steer)]
     )
+
+
+def framework_methods(dataset: str) -> list[MethodSpec]:
+    """The baselines as the FedStale code base (the public reference code of FedVARP and
+    FedStale's beta rule) would run them: every FedAvg-style rule unbiased (d_i/p_i, not
+    renormalised), MIFA waiting for every client as its own `fdu.py` does. FedVARP and FedStale
+    are the same under both conventions; FedSteer (both orderings) is shared with Table 1."""
+    return [method("fedavg_unbiased"), method("fedprox", weighting="unbiased"),
+            method("scaffold", weighting="unbiased"), method("mifa", start="wait_all")]
+
+
+# The regime map (client lr x local epochs at gamma = 0.9, 3 seeds) and the methods drawn on it.
+REGIME_GRID = {"client_lr": (0.01, 0.03, 0.1), "local_epochs": (1, 2, 5)}
+REGIME_SEEDS = (0, 1, 2)
+REGIME_GAMMAS = (0.9,)
+
+
+def regime_methods(dataset: str) -> list[MethodSpec]:
+    dd = DATASET_DEFAULTS[dataset]
+    steer = dict(core_size=dd["core_size"], lam=dd["lam"])
+    return [method("fedavg"), method("fedavg_unbiased"), method("fedvarp"), method("mifa"),
+            method("fedsteer", **steer), method("fedsteer", ordering="as_written", **steer)]
+
+
+# The paper-calibrated point, fixed before the regime map was run: the regime-map cell whose
+# unbiased FedAvg (the FedStale framework's FedAvg) at gamma = 0.9 has the mean final test
+# accuracy (over the map's seeds) closest to the paper's 0.509 for FedAvg on Fashion-MNIST,
+# gamma = 0.9. Ties: the smaller client lr, then the fewer local epochs.
+CALIBRATION_TARGET = {"dataset": "fmnist", "gamma": 0.9, "method": "fedavg_unbiased", "paper_accuracy": 0.509}
 
 
 @dataclass(frozen=True)

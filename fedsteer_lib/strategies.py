@@ -199,16 +199,70 @@ class FedVARP(FedStale):
 @register("mifa")
 class MIFA(_Memory):
     """MIFA: Delta = sum_i d_i h_i after refreshing h_i <- g_i for the active clients.
-    A client never seen yet contributes h_i = 0."""
+
+    start="zero" (default; MIFA's `fdu_no_wait.py`): the table starts at zero, so a client
+    never seen yet contributes h_i = 0.
+    start="wait_all" (MIFA's own run script `fdu.py`): no server step (Delta = 0) until every
+    client has been active at least once; in the round that completes the set, every client's
+    update at the current model fills the table (N - |A_t| extra local trainings, through the
+    `forced_clients` hook), and plain MIFA steps from the next round on. The waiting rounds
+    count against the round budget, as in `fdu.py`.
+    """
+
+    def init_state(self, ctx):
+        state = super().init_state(ctx)
+        if self.spec.get("start") == "wait_all":
+            state["seen"] = torch.zeros(ctx.num_clients, dtype=torch.bool, device=ctx.device)
+            state["table_ready"] = False
+        return state
 
     def aggregate(self, state, ctx, active, updates):
+        if state.get("table_ready") is False:  # wait_all: still waiting for every client
+            return torch.zeros(ctx.dim, device=ctx.device)
         h = state["h"]
         return ctx.weights @ h + ctx.weights[active] @ (updates - h[active])
 
+    def update(self, state, ctx, active, updates, steps, round_idx):
+        super().update(state, ctx, active, updates, steps, round_idx)
+        if state.get("table_ready") is False:
+            state["seen"][active] = True
+            if active.numel() == ctx.num_clients:  # everyone was active: the table is already full
+                state["table_ready"] = True
+
+    def forced_clients(self, state, ctx, round_idx):
+        """wait_all: in the round that completes the set of seen clients, every client's update
+        at the (unchanged) model fills the table."""
+        if state.get("table_ready") is False and bool(state["seen"].all()):
+            return list(range(ctx.num_clients))
+        return []
+
+    def observe(self, state, ctx, clients, updates, round_idx):
+        state["h"][clients] = updates
+        state["table_ready"] = True
+
+    def warmup_snapshot(self, state, ctx, grads, cycle, last):
+        super().warmup_snapshot(state, ctx, grads, cycle, last)
+        if last and "seen" in state:  # a warm-up snapshot already fills the table
+            state["seen"][:] = True
+            state["table_ready"] = True
+
+
+def _weighted(strategy: Strategy, ctx: ServerContext, active: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    """The FedAvg-style aggregation a method's `weighting` parameter names: "normalized" (the
+    d-weighted mean of the active updates) or "unbiased" (sum_A (d_i/p_i) g_i, not renormalised,
+    as in the FedStale code base that the paper's baselines most likely come from)."""
+    if strategy.spec.get("weighting") == "unbiased":
+        return _unbiased_sum(ctx, active, updates)
+    return _normalized_mean(ctx, active, updates)
+
 
 @register("fedprox")
-class FedProx(FedAvg):
-    """FedProx: FedAvg's aggregation; local objective + (mu/2) ||w - w_t||^2."""
+class FedProx(Strategy):
+    """FedProx: FedAvg's aggregation (`weighting`, see `_weighted`); local objective
+    + (mu/2) ||w - w_t||^2."""
+
+    def aggregate(self, state, ctx, active, updates):
+        return _weighted(self, ctx, active, updates)
 
     def local_spec(self, state, client):
         return LocalSpec(prox_mu=float(self.spec.get("mu")))
@@ -220,7 +274,8 @@ class Scaffold(Strategy):
 
     Local steps use the gradient + (c - c_i). After the round:
     c_i+ = c_i - c + (w_t - w_i) / (K lr),  c <- c + sum_{i in A} (c_i+ - c_i) / N.
-    Aggregation: the d-weighted mean of the active updates, server lr eta_s.
+    Aggregation (`weighting`, see `_weighted`): the d-weighted mean of the active updates by
+    default, or sum_A (d_i/p_i) g_i; server lr eta_s.
     """
 
     def init_state(self, ctx):
@@ -231,7 +286,7 @@ class Scaffold(Strategy):
         return LocalSpec(correction=state["c"] - state["c_i"][client])
 
     def aggregate(self, state, ctx, active, updates):
-        return _normalized_mean(ctx, active, updates)
+        return _weighted(self, ctx, active, updates)
 
     def update(self, state, ctx, active, updates, steps, round_idx):
         if active.numel() == 0:

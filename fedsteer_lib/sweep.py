@@ -15,21 +15,26 @@ from tqdm import tqdm
 
 from dataclasses import replace
 
-from .config import (DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, get_profile,
-                     method, paper_methods)
+from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_GRID, REGIME_SEEDS, TUNED, Diagnostics, FLSystem,
+                     MethodSpec, Profile, RunConfig, framework_methods, get_profile, method, paper_methods,
+                     regime_methods)
 from .engine import SimData, prepare, run
 from .results import has_run, save_run
 
-__all__ = ["grid", "run_grid", "paper_grid", "ablation_grid", "missing", "complete_seeds"]
+__all__ = ["grid", "run_grid", "paper_grid", "ablation_grid", "framework_grid", "regime_grid", "missing",
+           "complete_seeds"]
 
 
 def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "paper", *,
          gammas: Iterable[float] | None = None, seeds: Iterable[int] | None = None, device: str = "cpu",
-         system: FLSystem | None = None, diagnostics: Diagnostics | None = None) -> list[RunConfig]:
+         system: FLSystem | None = None, diagnostics: Diagnostics | None = None,
+         **training_changes) -> list[RunConfig]:
     """methods x gammas x seeds with the frozen (tuned) training settings and the profile's
-    rounds, evaluation schedule and warm-up length (gammas and seeds default to the profile's)."""
+    rounds, evaluation schedule and warm-up length (gammas and seeds default to the profile's).
+    `training_changes` (e.g. client_lr=0.03) override the frozen training settings."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
-    training = replace(TUNED[dataset], rounds=prof.rounds, eval_every=prof.eval_every, eval_last=prof.eval_last)
+    training = replace(TUNED[dataset], rounds=prof.rounds, eval_every=prof.eval_every, eval_last=prof.eval_last,
+                       **training_changes)
     base_system = system or FLSystem()
     configs = []
     for gamma in (prof.gammas if gammas is None else gammas):
@@ -68,6 +73,27 @@ def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", dev
         # The other reading of "enforce=5": every 5th round all clients refresh their coordinates.
         "forced_refresh": grid(dataset, [method("fedsteer", core_size=k, lam=lam, enforce_every=5)], seeds=few, **kw),
     }
+
+
+def framework_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
+    """The baselines in the FedStale code base's conventions (`config.framework_methods`) that
+    Table 1 does not already hold, at the profile's gammas and seeds."""
+    return grid(dataset, framework_methods(dataset), profile, device=device)
+
+
+def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
+    """The regime map: client lr x local epochs (`config.REGIME_GRID`) at gamma = 0.9, on the
+    map's seeds (the profile's, where it has fewer). The cell of the frozen settings reuses
+    Table 1's runs (same keys)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    seeds = [s for s in prof.seeds if s in REGIME_SEEDS] or list(prof.seeds[:1])
+    gammas = [g for g in prof.gammas if g in REGIME_GAMMAS] or list(prof.gammas[-1:])
+    configs = []
+    for lr in REGIME_GRID["client_lr"]:
+        for epochs in REGIME_GRID["local_epochs"]:
+            configs += grid(dataset, regime_methods(dataset), prof, gammas=gammas, seeds=seeds, device=device,
+                            client_lr=lr, local_epochs=epochs)
+    return configs
 
 
 def missing(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> list[RunConfig]:

@@ -156,3 +156,23 @@ def test_late_default_parameters_keep_earlier_result_keys():
         assert RunConfig.from_dict(r["config"]).key() == r["key"]
     enforced = RunConfig.from_dict(steer[0]["config"]).replace(method=method("fedsteer", enforce_every=5))
     assert enforced.key() != RunConfig.from_dict(steer[0]["config"]).replace(method=method("fedsteer")).key()
+
+
+def test_mifa_wait_all_takes_no_step_until_every_client_was_seen(sim):
+    """fdu.py's start: the model stays at w_0 (accuracy unchanged) while some client was never active;
+    the round that completes the set trains the others at the current model (forced time > 0)."""
+    cfg = _config("mifa", start="wait_all").replace(
+        system=FLSystem(num_clients=20, gamma=0.7, weak_prob=0.2, powerful_prob=0.4),
+        training=Training(rounds=25, local_epochs=1, batch_size=32, client_lr=0.05, eval_every=1, eval_last=0))
+    result = run(cfg, progress=False)
+    seen, complete = set(), None
+    for t, ids in enumerate(result.extras["participation"]):
+        seen |= set(ids)
+        if complete is None and len(seen) == cfg.system.num_clients:
+            complete = t
+    assert complete is not None and complete >= 1, "the draw must complete the set within the rounds"
+    initial = result.history[0]["accuracy"]
+    for row in result.history[1: complete + 2]:  # rounds 0..complete leave w_0 unchanged
+        assert row["update_norm"] == 0.0 and row["accuracy"] == initial
+    assert result.history[complete + 2]["update_norm"] > 0
+    assert result.summary["timing"]["forced"] > 0

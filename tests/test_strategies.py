@@ -279,3 +279,75 @@ def test_fedsteer_enforced_refresh_recomputes_every_clients_coordinates(ctx, gra
     others = torch.tensor([1, 3, 4])
     assert torch.equal(state["coords"][others], before[others])
     assert state["last_refresh"][clients].tolist() == [4, 4, 4]
+
+
+# --- the FedStale code base's conventions (issue: baselines in the paper's framework) -------------
+@pytest.mark.parametrize("name", ["fedprox", "scaffold"])
+def test_weighting_parameter_by_hand(ctx, grads, name):
+    d, p = ctx.weights, ctx.probs
+    normalized, unbiased = make_strategy(method(name)), make_strategy(method(name, weighting="unbiased"))
+    assert normalized.spec.get("weighting") == "normalized"  # the default keeps today's rule
+    states = normalized.init_state(ctx), unbiased.init_state(ctx)
+    expected_mean = sum(d[i] * grads[i] for i in ACTIVE) / sum(d[i] for i in ACTIVE)
+    expected_sum = sum(d[i] / p[i] * grads[i] for i in ACTIVE)  # d_i / p_i, never renormalised
+    assert torch.allclose(normalized.aggregate(states[0], ctx, ACTIVE, grads[ACTIVE]), expected_mean, atol=1e-6)
+    assert torch.allclose(unbiased.aggregate(states[1], ctx, ACTIVE, grads[ACTIVE]), expected_sum, atol=1e-6)
+    assert not torch.allclose(expected_mean, expected_sum)
+    with pytest.raises(ConfigError, match="weighting"):
+        method(name, weighting="renormalised").validate(N)
+
+
+def test_weighting_unbiased_is_unbiased_for_fedprox(ctx, grads):
+    s = make_strategy(method("fedprox", weighting="unbiased"))
+    assert torch.allclose(_expectation(s, {}, ctx, grads), (ctx.weights @ grads).double(), atol=1e-5)
+
+
+def test_mifa_wait_all_by_hand(ctx, grads):
+    """MIFA's fdu.py: no step until every client has been active once; then the table holds every
+    client's update at the current model, and MIFA proceeds as usual."""
+    s = make_strategy(method("mifa", start="wait_all"))
+    state = s.init_state(ctx)
+    one = torch.ones(N, dtype=torch.long)
+    zero = torch.zeros(D)
+    for t, ids in enumerate([[1, 3, 4], [0, 3]]):  # client 2 and 5 not seen yet: no step
+        act = torch.tensor(ids)
+        assert torch.equal(s.aggregate(state, ctx, act, grads[act]), zero)
+        s.update(state, ctx, act, grads[act], one[: len(ids)], t)
+        assert s.forced_clients(state, ctx, t) == []
+    act = torch.tensor([2, 5])  # completes the set: still no step, but every client fills the table
+    assert torch.equal(s.aggregate(state, ctx, act, grads[act]), zero)
+    s.update(state, ctx, act, grads[act], one[:2], 2)
+    assert s.forced_clients(state, ctx, 2) == list(range(N))
+    at_current = grads + 1.0  # every client's update at the (unchanged) current model
+    others = torch.tensor([0, 1, 3, 4])
+    s.observe(state, ctx, others, at_current[others], 2)
+    assert s.forced_clients(state, ctx, 3) == []
+    table = at_current.clone()
+    table[act] = grads[act]
+    assert torch.equal(state["h"], table)
+    fresh = torch.randn(2, D, generator=torch.Generator().manual_seed(3))  # round 3: plain MIFA
+    act = torch.tensor([0, 4])
+    refreshed = table.clone()
+    refreshed[act] = fresh
+    assert torch.allclose(s.aggregate(state, ctx, act, fresh), ctx.weights @ refreshed, atol=1e-6)
+    # the default start is the zero table, stepping from the first round
+    z = make_strategy(method("mifa"))
+    zstate = z.init_state(ctx)
+    assert torch.allclose(z.aggregate(zstate, ctx, act, fresh), ctx.weights[act] @ fresh, atol=1e-6)
+    with pytest.raises(ConfigError, match="mifa start"):
+        method("mifa", start="later").validate(N)
+
+
+def test_new_parameters_at_their_defaults_keep_result_keys():
+    """Results cached before these parameters existed keep their names."""
+    import hashlib
+    import json
+
+    from fedsteer_lib.config import RunConfig
+
+    for name, new in [("fedprox", "weighting"), ("scaffold", "weighting"), ("mifa", "start")]:
+        cfg = RunConfig(method=method(name))
+        d = cfg.to_dict(with_device=False)
+        d["method"].pop(new)
+        assert cfg.key() == hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        assert RunConfig(method=method(name, **{new: {"weighting": "unbiased", "start": "wait_all"}[new]})).key() != cfg.key()
