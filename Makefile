@@ -19,7 +19,7 @@ LIB       := $(wildcard fedsteer_lib/*.py)
 MATHJAX   := book/_static/mathjax/tex-chtml.js
 FMNIST_STAMP := data/.fmnist-ok
 
-.PHONY: help setup venv data book test lab reproduce book-html clean gpu-data
+.PHONY: help setup venv data system-packages doctor book test lab reproduce book-html clean gpu-data
 
 help:
 	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
@@ -27,6 +27,7 @@ help:
 	@echo "make test       set up, then unit tests, nbval over every notebook, book build and browser check"
 	@echo "make lab        JupyterLab on notebooks/"
 	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
+	@echo "make doctor     one line per prerequisite (ok / missing) with the command that fixes it"
 
 venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
@@ -44,6 +45,15 @@ $(FMNIST_STAMP): | $(STAMP)
 	touch $@
 
 setup: venv data $(MATHJAX)
+
+# Debian packages the project uses that a fresh machine lacks (fedsteer_lib/doctor.py lists them:
+# Chromium for the book's browser check); apt-get when root, else the command to run. Standard
+# library only, so it needs no .venv.
+system-packages:
+	$(PYTHON) -m fedsteer_lib system-packages
+
+doctor:
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m fedsteer_lib doctor
 
 # MathJax 3 served from a local copy (the book renders offline).
 $(MATHJAX):
@@ -77,7 +87,7 @@ book: setup $(CHAPTERS)
 # The tests: the book is built from the committed notebooks (executed with the quick profile,
 # re-executed and checked by nbval below) and opened in headless Chromium; one pytest run
 # covers the unit tests, the browser check and nbval over every notebook.
-test: setup
+test: setup system-packages
 	rm -rf book/chapters && mkdir -p book/chapters && cp $(NOTEBOOKS) book/chapters/
 	$(MAKE) --no-print-directory book-html
 	rm -rf book/chapters

@@ -1,5 +1,7 @@
-"""Command line: `python -m fedsteer_lib {data,tune,sweep,status}`.
+"""Command line: `python -m fedsteer_lib {doctor,system-packages,data,tune,sweep,status}`.
 
+    python -m fedsteer_lib doctor                       # every prerequisite: ok / missing, and the fix
+    python -m fedsteer_lib system-packages              # install the Debian packages the project uses (root)
     python -m fedsteer_lib data                         # make sure Fashion-MNIST is on disk
     python -m fedsteer_lib tune --dataset fmnist        # FedAvg-only hyperparameter tuning (validation split)
     python -m fedsteer_lib sweep --profile paper --dataset fmnist [--what main|ablations|all] [--workers 2]
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fedsteer_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="check every prerequisite (one line each: ok / missing, and the command that fixes it)")
+    sub.add_parser("system-packages", help="install the Debian packages the project uses (apt-get as root, else says how)")
     sub.add_parser("data", help="make sure Fashion-MNIST is available (apt-get as root, else says how)")
     for name in ("tune", "sweep", "status"):
         p = sub.add_parser(name)
@@ -60,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         print("note: --client-batch > 1 vectorises clients for a GPU; on a CPU it was measured slower than training "
               "them one by one (data/results/bench/cpu_batching.json); the results agree up to floating-point rounding",
               file=sys.stderr)
+
+    if args.command in ("doctor", "system-packages"):
+        from . import doctor
+
+        if args.command == "doctor":
+            return doctor.report()
+        return 1 if doctor.install_system_packages() else 0
 
     if args.command == "data":
         from .data import DatasetNotFoundError, ensure_fashion_mnist

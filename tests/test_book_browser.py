@@ -28,11 +28,13 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
+from fedsteer_lib.doctor import chromium_path, chromium_problem
+
 ROOT = Path(__file__).resolve().parents[1]
 TOC = ROOT / "book" / "_toc.yml"
 HTML = ROOT / "_build" / "html"
 SCREENSHOTS = ROOT / "_build" / "screenshots"
-CHROMIUM = os.environ.get("FEDSTEER_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = chromium_path()
 TIMEOUT_S = 120
 BUILD_HINT = ("run the book build first: `make book` (or `make test`), i.e. "
               "`jupyter-book build . --toc book/_toc.yml --config _config.yml -W -n --quiet` "
@@ -107,9 +109,16 @@ def _title(markdown: str) -> str:
 
 
 # ----------------------------------------------------------------------------- Chromium
+def test_chromium_is_installed():
+    """Without the browser every other test of this module is deselected (tests/conftest.py) and
+    this one fails with what is missing and the command that installs it."""
+    problem = chromium_problem()
+    assert problem is None, problem
+
+
 def _chromium(url: str, *extra: str) -> str:
-    if not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)):
-        pytest.fail(f"headless Chromium not found at {CHROMIUM} (Debian: apt-get install chromium)")
+    if chromium_problem():
+        pytest.fail(chromium_problem())
     with tempfile.TemporaryDirectory(prefix="fedsteer-chromium-") as profile:
         cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
