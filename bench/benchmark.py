@@ -24,11 +24,12 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedsteer_lib.config import METHODS, FLSystem, RunConfig, TUNED, method  # noqa: E402
-from fedsteer_lib.engine import prepare, run  # noqa: E402
-from fedsteer_lib.models import build_model, num_parameters  # noqa: E402
-from fedsteer_lib.strategies import ServerContext, make_strategy  # noqa: E402
-from fedsteer_lib.training import FlatModel, evaluate, local_train  # noqa: E402
+from fedsteer_lib.experiments.config import METHODS, FLSystem, RunConfig, TUNED, method  # noqa: E402
+from fedsteer_lib.simulator.engine import prepare, run  # noqa: E402
+from fedsteer_lib.simulator.models import build_model, num_parameters  # noqa: E402
+from fedsteer_lib.experiments.registry import make_strategy  # noqa: E402
+from fedsteer_lib.strategy import ServerContext  # noqa: E402
+from fedsteer_lib.simulator.training import FlatModel, evaluate, local_train  # noqa: E402
 
 
 def matmul_peak(n: int = 1024, reps: int = 20) -> float:

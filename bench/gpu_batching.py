@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedsteer_lib.config import TUNED, FLSystem, RunConfig, method  # noqa: E402
-from fedsteer_lib.engine import _torch_gen, client_updates, prepare  # noqa: E402
+from fedsteer_lib.experiments.config import TUNED, FLSystem, RunConfig, method  # noqa: E402
+from fedsteer_lib.simulator.engine import _torch_gen, client_updates, prepare  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:

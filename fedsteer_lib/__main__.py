@@ -1,136 +1,19 @@
-"""Command line: `python -m fedsteer_lib {doctor,system-packages,data,tune,sweep,status}`.
+"""`python -m fedsteer_lib ...`: the command line (see `experiments.cli`).
 
-    python -m fedsteer_lib doctor                       # every prerequisite: ok / missing, and the fix
-    python -m fedsteer_lib system-packages              # install the Debian packages the project uses (root)
-    python -m fedsteer_lib data                         # make sure Fashion-MNIST is on disk
-    python -m fedsteer_lib tune --dataset fmnist        # FedAvg-only hyperparameter tuning (validation split)
-    python -m fedsteer_lib sweep --profile paper --dataset fmnist [--what main|ablations|all] [--workers 2]
-                                 [--device cuda --client-batch 100]
-    python -m fedsteer_lib status --profile paper       # how much of a sweep is cached
-"""
-from __future__ import annotations
-
-import argparse
-import json
+`doctor` and `system-packages` need only the standard library (they run before the set-up),
+so they are dispatched before anything that imports torch."""
 import sys
-
-from .config import DATASET_DEFAULTS, PROFILES
-
-
-def _sweep_configs(args) -> dict[str, list]:
-    from .sweep import ablation_grid, framework_grid, paper_grid, regime_grid
-
-    groups: dict[str, list] = {}
-    if args.what in ("main", "all"):
-        groups["main"] = paper_grid(args.dataset, args.profile, args.device)
-    if args.what in ("ablations", "all"):
-        groups.update(ablation_grid(args.dataset, args.profile, args.device))
-    if args.what in ("conventions", "all"):
-        groups["framework_conventions"] = framework_grid(args.dataset, args.profile, args.device)
-    if args.what in ("regimes", "all"):
-        groups["regime_map"] = regime_grid(args.dataset, args.profile, args.device)
-    if args.what in ("diagnostics", "all"):
-        from .diagnostics import alignment_grid, convergence_grid, stability_grid
-
-        groups["alignment_probes"] = alignment_grid(args.dataset, args.profile, device=args.device)
-        groups["convergence_probes"] = convergence_grid(args.dataset, args.profile, device=args.device)
-        groups["coordinate_stability"] = list(stability_grid(args.dataset, args.profile, device=args.device).values())
-    return groups
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedsteer_lib", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="check every prerequisite (one line each: ok / missing, and the command that fixes it)")
-    sub.add_parser("system-packages", help="install the Debian packages the project uses (apt-get as root, else says how)")
-    sub.add_parser("data", help="make sure Fashion-MNIST is available (apt-get as root, else says how)")
-    for name in ("tune", "sweep", "status"):
-        p = sub.add_parser(name)
-        p.add_argument("--dataset", choices=sorted(DATASET_DEFAULTS), default="fmnist")
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--workers", type=int, default=1)
-        if name != "status":
-            p.add_argument("--client-batch", type=int, default=1, metavar="N",
-                           help="train up to N clients of a round at once (vectorised; for GPUs, slower on a CPU; default 1)")
-        p.add_argument("--results", default=None, help="results directory (default data/results)")
-        if name != "tune":
-            p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
-            p.add_argument("--what", choices=("main", "ablations", "conventions", "regimes", "diagnostics", "all"), default="all")
-    args = parser.parse_args(argv)
-    if getattr(args, "client_batch", 1) < 1:
-        parser.error(f"--client-batch must be an integer >= 1, got {args.client_batch}")
-    if getattr(args, "client_batch", 1) > 1 and args.device.split(":")[0] == "cpu":
-        print("note: --client-batch > 1 vectorises clients for a GPU; on a CPU it was measured slower than training "
-              "them one by one (data/results/bench/cpu_batching.json); the results agree up to floating-point rounding",
-              file=sys.stderr)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["doctor"], ["system-packages"]) and len(argv) == 1:
+        from .experiments import doctor
 
-    if args.command in ("doctor", "system-packages"):
-        from . import doctor
+        return doctor.report() if argv[0] == "doctor" else (1 if doctor.install_system_packages() else 0)
+    from .experiments.cli import main as cli_main
 
-        if args.command == "doctor":
-            return doctor.report()
-        return 1 if doctor.install_system_packages() else 0
-
-    if args.command == "data":
-        from .data import DatasetNotFoundError, ensure_fashion_mnist
-
-        try:
-            print(ensure_fashion_mnist())
-        except DatasetNotFoundError as err:
-            print(err, file=sys.stderr)
-            return 1
-        return 0
-
-    from .book import results_root
-    from .data import DatasetNotFoundError, load_dataset
-    from .results import RESULTS_DIR
-    from .sweep import complete_seeds, missing, run_grid
-
-    if args.command in ("tune", "sweep"):  # fail before any work, with the message that says how to get the data
-        try:
-            load_dataset(args.dataset, split=DATASET_DEFAULTS[args.dataset].get("split", "balanced"))
-        except DatasetNotFoundError as err:
-            print(err, file=sys.stderr)
-            return 1
-
-    if args.command == "tune":
-        root = args.results or RESULTS_DIR
-        from .tuning import select, tuning_configs, tuning_table
-
-        configs = [c.replace(client_batch=args.client_batch) for c in tuning_configs(args.dataset, device=args.device)]
-        run_grid(configs, root, workers=args.workers, desc="tuning (FedAvg, validation split)")
-        table = tuning_table(configs, root)
-        print(table.to_string(index=False))
-        print(json.dumps(select(table)))
-        return 0
-
-    root = args.results or results_root(args.profile)
-    groups = _sweep_configs(args)
-    if args.command == "status":
-        lacking = 0
-        for name, configs in groups.items():
-            n_missing = len(missing(configs, root))
-            lacking += n_missing
-            print(f"{name:22s} {len(configs) - n_missing:4d} / {len(configs):4d} runs cached")
-        seeds = complete_seeds([c for configs in groups.values() for c in configs], root)
-        seeds_arg = ",".join(map(str, seeds))
-        if not lacking:
-            hint = "  (every run cached: make book renders from the cache, computing nothing)"
-        elif seeds:
-            hint = f"  (render from them: make book SEEDS={seeds_arg})"
-        else:
-            hint = ""
-        print(f"seeds complete in every group: {seeds_arg or 'none'}{hint}")
-        return 0
-    # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
-    # with at least its first seeds rather than one group complete and the others empty.
-    queue = list({c.key(): c.replace(client_batch=args.client_batch)
-                  for configs in groups.values() for c in configs}.values())
-    n = run_grid(queue, root, workers=args.workers, desc="+".join(groups))
-    print(f"computed {n} runs; {len(queue)} distinct runs in the grid (groups share some runs: "
-          f"{', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
-    return 0
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedsteer_lib.doctor import chromium_problem
+from fedsteer_lib.experiments.doctor import chromium_problem
 
 BROWSER_TESTS = "test_book_browser.py"
 BROWSER_PRESENT = "test_chromium_is_installed"

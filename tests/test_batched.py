@@ -3,10 +3,10 @@ one-by-one loop computes: same minibatches, same steps, equal updates up to roun
 import pytest
 import torch
 
-from fedsteer_lib.config import ConfigError, FLSystem, RunConfig, Training, method
-from fedsteer_lib.engine import client_updates, prepare, run
-from fedsteer_lib.models import build_model
-from fedsteer_lib.training import FlatModel, LocalSpec, can_batch, local_train, local_train_batch
+from fedsteer_lib.experiments.config import ConfigError, FLSystem, RunConfig, Training, method
+from fedsteer_lib.simulator.engine import client_updates, prepare, run
+from fedsteer_lib.simulator.models import build_model
+from fedsteer_lib.simulator.training import FlatModel, LocalSpec, can_batch, local_train, local_train_batch
 
 
 def _clients(sizes, seed=0):

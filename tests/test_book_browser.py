@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-from fedsteer_lib.doctor import chromium_path, chromium_problem
+from fedsteer_lib.experiments.doctor import chromium_path, chromium_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 TOC = ROOT / "book" / "_toc.yml"

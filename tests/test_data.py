@@ -1,4 +1,4 @@
-"""Tests for fedsteer_lib.data: exact round trips of synthetic files in the real formats,
+"""Tests for fedsteer_lib.simulator.data: exact round trips of synthetic files in the real formats,
 layouts, search order, missing-data messages, offline download path, corrupt files, and the
 real Fashion-MNIST installed by the set-up."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torchvision.datasets
 
-from fedsteer_lib import data
+from fedsteer_lib.simulator import data
 
 REAL_DEBIAN_DIR = data.DEBIAN_FMNIST_DIR
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

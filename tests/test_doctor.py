@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedsteer_lib import doctor
+from fedsteer_lib.experiments import doctor
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def test_version_pins_match():
 def test_doctor_runs_without_the_virtual_environment():
     """`make doctor` must work before `make setup`: the module needs only the standard library."""
     proc = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path.insert(0, '.'); "
-                           "import fedsteer_lib.doctor, fedsteer_lib.__main__; "
+                           "import fedsteer_lib.experiments.doctor, fedsteer_lib.__main__; "
                            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'pandas')))"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from fedsteer_lib.config import METHODS, Diagnostics, FLSystem, RunConfig, Training, method
-from fedsteer_lib.engine import prepare, run
+from fedsteer_lib.experiments.config import METHODS, Diagnostics, FLSystem, RunConfig, Training, method
+from fedsteer_lib.simulator.engine import prepare, run
 
 SMALL = FLSystem(num_clients=20, gamma=0.7)
 
@@ -106,7 +106,7 @@ def test_warmup_selects_core_and_restarts_from_initial_weights(sim):
 
 
 def test_bad_configs_name_the_field():
-    from fedsteer_lib.config import ConfigError
+    from fedsteer_lib.experiments.config import ConfigError
 
     bad = [
         (lambda: RunConfig(system=FLSystem(gamma=1.0)).validate(), "gamma"),
@@ -146,7 +146,7 @@ def test_late_default_parameters_keep_earlier_result_keys():
     import json
     from pathlib import Path
 
-    from fedsteer_lib.config import RunConfig
+    from fedsteer_lib.experiments.config import RunConfig
 
     runs_dir = Path(__file__).resolve().parent.parent / "data" / "results" / "runs"
     stored = [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))]
@@ -176,3 +176,24 @@ def test_mifa_wait_all_takes_no_step_until_every_client_was_seen(sim):
         assert row["update_norm"] == 0.0 and row["accuracy"] == initial
     assert result.history[complete + 2]["update_norm"] > 0
     assert result.summary["timing"]["forced"] > 0
+
+
+def test_the_engine_names_no_method():
+    """The round loop and its recorder drive any Strategy through its hooks: no method name and
+    no key of a method's state appears in them."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from fedsteer_lib.experiments.registry import METHODS as REGISTRY
+    from fedsteer_lib.fedsteer import FedSteerState
+    from fedsteer_lib.simulator import baselines
+
+    folder = Path(__file__).resolve().parents[1] / "fedsteer_lib" / "simulator"
+    states = [FedSteerState, baselines.MemoryState, baselines.MifaState, baselines.ScaffoldState]
+    words = set(REGISTRY) | {f.name for s in states for f in dataclasses.fields(s) if len(f.name) > 1} - {"round"}
+    for module in ("engine.py", "recorder.py"):
+        code = "\n".join(line.split("#")[0] for line in (folder / module).read_text().splitlines())
+        code = re.sub(r'""".*?"""', "", code, flags=re.S)  # docstrings may explain
+        found = sorted(w for w in words if re.search(rf"(?<![.\w]){w}\b", code, flags=re.I))
+        assert not found, f"{module} names {found}"

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsteer_lib import data
-from fedsteer_lib.config import FLSystem
-from fedsteer_lib.models import num_parameters, build_model
-from fedsteer_lib.results import load_run
-from fedsteer_lib.sweep import paper_grid, run_grid
+from fedsteer_lib.simulator import data
+from fedsteer_lib.experiments.config import FLSystem
+from fedsteer_lib.simulator.models import num_parameters, build_model
+from fedsteer_lib.experiments.results import load_run
+from fedsteer_lib.experiments.groups import paper_grid
+from fedsteer_lib.experiments.sweep import run_grid
 from test_data import emnist_names, make_cifar, make_mnist_like
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,8 +1,8 @@
 """Participation draws and staleness (paper §2.1): independent Bernoulli(p_i), seeded."""
 import torch
 
-from fedsteer_lib.config import FLSystem
-from fedsteer_lib.partition import build_federation, participation_schedule, staleness
+from fedsteer_lib.experiments.config import FLSystem
+from fedsteer_lib.simulator.partition import build_federation, participation_schedule, staleness
 
 
 def test_participation_rates_match_probabilities_and_seed():

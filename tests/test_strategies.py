@@ -3,9 +3,11 @@
 import pytest
 import torch
 
-from fedsteer_lib.config import ConfigError, method
+from fedsteer_lib.experiments.config import ConfigError, method
 from fedsteer_lib.projection import normalized_basis, ridge_coordinates
-from fedsteer_lib.strategies import STRATEGIES, ServerContext, make_strategy
+from fedsteer_lib.experiments.registry import METHODS as REGISTRY, make_strategy
+from fedsteer_lib.simulator.baselines import MemoryState
+from fedsteer_lib.strategy import ServerContext
 from helpers import participation_sets
 
 N, D = 6, 9
@@ -33,8 +35,8 @@ def _expectation(strategy, state, ctx, grads):
 
 def _with_memory(strategy, ctx, seed=2):
     state = strategy.init_state(ctx)
-    if "h" in state:
-        state["h"] = torch.randn(N, D, generator=torch.Generator().manual_seed(seed))
+    if hasattr(state, "h"):
+        state.h = torch.randn(N, D, generator=torch.Generator().manual_seed(seed))
     return state
 
 
@@ -45,11 +47,11 @@ def test_fedavg_normalised_and_unbiased_by_hand(ctx, grads):
     d, p = ctx.weights, ctx.probs
     s = make_strategy(method("fedavg"))
     expected = sum(d[i] * grads[i] for i in ACTIVE) / sum(d[i] for i in ACTIVE)
-    assert torch.allclose(s.aggregate({}, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-6)
-    assert torch.equal(s.aggregate({}, ctx, torch.tensor([], dtype=torch.long), torch.zeros(0, D)), torch.zeros(D))
+    assert torch.allclose(s.aggregate(None, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-6)
+    assert torch.equal(s.aggregate(None, ctx, torch.tensor([], dtype=torch.long), torch.zeros(0, D)), torch.zeros(D))
     u = make_strategy(method("fedavg_unbiased"))
     expected = sum(d[i] / p[i] * grads[i] for i in ACTIVE)
-    assert torch.allclose(u.aggregate({}, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-6)
+    assert torch.allclose(u.aggregate(None, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-6)
 
 
 def test_fedvarp_fedstale_mifa_by_hand(ctx, grads):
@@ -57,16 +59,16 @@ def test_fedvarp_fedstale_mifa_by_hand(ctx, grads):
     for name, kw in [("fedvarp", {}), ("fedstale", {"beta": 0.6})]:
         s = make_strategy(method(name, **kw))
         state = _with_memory(s, ctx)
-        h = state["h"]
+        h = state.h
         beta = kw.get("beta", 1.0)
         expected = sum(d[i] / p[i] * grads[i] for i in ACTIVE) + beta * (
             sum(d[i] * h[i] for i in range(N)) - sum(d[i] / p[i] * h[i] for i in ACTIVE))
         assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-5), name
         s.update(state, ctx, ACTIVE, grads[ACTIVE], torch.ones(3, dtype=torch.long), 0)
-        assert torch.equal(state["h"][ACTIVE], grads[ACTIVE])
+        assert torch.equal(state.h[ACTIVE], grads[ACTIVE])
     s = make_strategy(method("mifa"))
     state = _with_memory(s, ctx)
-    refreshed = state["h"].clone()
+    refreshed = state.h.clone()
     refreshed[ACTIVE] = grads[ACTIVE]
     assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), d @ refreshed, atol=1e-6)
 
@@ -76,7 +78,7 @@ def test_fedstale_interpolates_fedavg_and_fedvarp(ctx, grads):
     varp = make_strategy(method("fedvarp")).aggregate(state, ctx, ACTIVE, grads[ACTIVE])
     stale1 = make_strategy(method("fedstale", beta=1.0)).aggregate(state, ctx, ACTIVE, grads[ACTIVE])
     stale0 = make_strategy(method("fedstale", beta=0.0)).aggregate(state, ctx, ACTIVE, grads[ACTIVE])
-    unbiased = make_strategy(method("fedavg_unbiased")).aggregate({}, ctx, ACTIVE, grads[ACTIVE])
+    unbiased = make_strategy(method("fedavg_unbiased")).aggregate(None, ctx, ACTIVE, grads[ACTIVE])
     assert torch.allclose(varp, stale1) and torch.allclose(stale0, unbiased)
 
 
@@ -95,10 +97,10 @@ def _fill_fedsteer(s, state, ctx, seed=9):
     """A FedSteer state as after some rounds: cached core updates and coordinates."""
     gen = torch.Generator().manual_seed(seed)
     core_grads = torch.randn(3, D, generator=gen)
-    state["core_norms"] = core_grads.norm(dim=1)
-    state["basis"] = normalized_basis(core_grads)
-    state["gram"] = (state["basis"] @ state["basis"].T).double()
-    state["coords"] = ridge_coordinates(state["basis"], torch.randn(N, D, generator=gen), 0.5)
+    state.core_norms = core_grads.norm(dim=1)
+    state.basis = normalized_basis(core_grads)
+    state.gram = (state.basis @ state.basis.T).double()
+    state.coords = ridge_coordinates(state.basis, torch.randn(N, D, generator=gen), 0.5)
 
 
 def test_fedsteer_as_written_ordering_is_biased(ctx, grads):
@@ -114,20 +116,20 @@ def test_fedsteer_aggregate_is_eq4_and_update_refreshes_cache(ctx, grads):
     state = s.init_state(ctx)
     _fill_fedsteer(s, state, ctx)
     d, p = ctx.weights, ctx.probs
-    q = state["basis"].T
-    expected = sum(d[i] * q @ state["coords"][i] for i in range(N)) + sum(
-        d[i] / p[i] * (grads[i] - q @ state["coords"][i]) for i in ACTIVE)
+    q = state.basis.T
+    expected = sum(d[i] * q @ state.coords[i] for i in range(N)) + sum(
+        d[i] / p[i] * (grads[i] - q @ state.coords[i]) for i in ACTIVE)
     assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), expected, atol=1e-5)
 
-    state["core"] = torch.tensor([0, 3, 5])  # client 3 is a core member and active
+    state.core = torch.tensor([0, 3, 5])  # client 3 is a core member and active
     s.update(state, ctx, ACTIVE, grads[ACTIVE], torch.ones(3, dtype=torch.long), round_idx=0)
-    raw = state["basis"] * state["core_norms"][:, None]  # h_j = ||h_j|| * basis row
+    raw = state.basis * state.core_norms[:, None]  # h_j = ||h_j|| * basis row
     assert torch.allclose(raw[1], grads[3], atol=1e-6)
     fresh_basis = normalized_basis(raw)
-    assert torch.allclose(state["basis"], fresh_basis, atol=1e-6)
-    assert torch.allclose(state["gram"], (fresh_basis @ fresh_basis.T).double(), atol=1e-6)
-    assert torch.allclose(state["coords"][ACTIVE], ridge_coordinates(fresh_basis, grads[ACTIVE], 0.5), atol=1e-5)
-    assert state["last_refresh"][ACTIVE].tolist() == [0, 0, 0]
+    assert torch.allclose(state.basis, fresh_basis, atol=1e-6)
+    assert torch.allclose(state.gram, (fresh_basis @ fresh_basis.T).double(), atol=1e-6)
+    assert torch.allclose(state.coords[ACTIVE], ridge_coordinates(fresh_basis, grads[ACTIVE], 0.5), atol=1e-5)
+    assert state.last_refresh[ACTIVE].tolist() == [0, 0, 0]
 
 
 def test_fedsteer_refresh_every_limits_coordinate_updates(ctx, grads):
@@ -136,24 +138,24 @@ def test_fedsteer_refresh_every_limits_coordinate_updates(ctx, grads):
     _fill_fedsteer(s, state, ctx)
     steps = torch.ones(3, dtype=torch.long)
     s.update(state, ctx, ACTIVE, grads[ACTIVE], steps, round_idx=0)
-    after_first = state["coords"].clone()
+    after_first = state.coords.clone()
     s.update(state, ctx, ACTIVE, 2 * grads[ACTIVE], steps, round_idx=1)  # within 5 rounds: kept
-    assert torch.equal(state["coords"][ACTIVE], after_first[ACTIVE])
-    state["round"] = 5
+    assert torch.equal(state.coords[ACTIVE], after_first[ACTIVE])
+    state.round = 5
     s.update(state, ctx, ACTIVE, 2 * grads[ACTIVE], steps, round_idx=5)  # due again
-    assert not torch.equal(state["coords"][ACTIVE], after_first[ACTIVE])
+    assert not torch.equal(state.coords[ACTIVE], after_first[ACTIVE])
 
 
 def test_fedsteer_leaves_zero_core_rows_out_of_q(ctx, grads):
     s = make_strategy(method("fedsteer", core_size=3, lam=0.5))
     state = s.init_state(ctx)  # nothing cached yet: Delta is unbiased FedAvg
-    unbiased = make_strategy(method("fedavg_unbiased")).aggregate({}, ctx, ACTIVE, grads[ACTIVE])
+    unbiased = make_strategy(method("fedavg_unbiased")).aggregate(None, ctx, ACTIVE, grads[ACTIVE])
     assert torch.allclose(s.aggregate(state, ctx, ACTIVE, grads[ACTIVE]), unbiased, atol=1e-6)
-    state["core"] = torch.tensor([1, 2, 5])
+    state.core = torch.tensor([1, 2, 5])
     s.update(state, ctx, ACTIVE, grads[ACTIVE], torch.ones(3, dtype=torch.long), 0)
-    assert torch.equal(state["basis"][1:], torch.zeros(2, D))  # core 2 and 5 were not active
-    assert torch.equal(state["coords"][ACTIVE][:, 1:], torch.zeros(3, 2))
-    assert torch.allclose(state["coords"][ACTIVE][:, 0].double(),
+    assert torch.equal(state.basis[1:], torch.zeros(2, D))  # core 2 and 5 were not active
+    assert torch.equal(state.coords[ACTIVE][:, 1:], torch.zeros(3, 2))
+    assert torch.allclose(state.coords[ACTIVE][:, 0].double(),
                           ridge_coordinates(normalized_basis(grads[[1]]), grads[ACTIVE], 0.5)[:, 0].double(), atol=1e-5)
 
 
@@ -161,20 +163,20 @@ def test_remark2_fedsteer_strategy_with_all_clients_and_one_hot_coords_equals_fe
     steer = make_strategy(method("fedsteer", core_size=N, lam=0.5))
     state = steer.init_state(ctx)
     h = torch.randn(N, D, generator=torch.Generator().manual_seed(4))
-    state["core"] = torch.arange(N)
-    state["basis"] = normalized_basis(h)
-    state["coords"] = torch.diag(h.norm(dim=1))
+    state.core = torch.arange(N)
+    state.basis = normalized_basis(h)
+    state.coords = torch.diag(h.norm(dim=1))
     varp = make_strategy(method("fedvarp"))
     assert torch.allclose(steer.aggregate(state, ctx, ACTIVE, grads[ACTIVE]),
-                          varp.aggregate({"h": h}, ctx, ACTIVE, grads[ACTIVE]), atol=1e-5)
+                          varp.aggregate(MemoryState(h=h), ctx, ACTIVE, grads[ACTIVE]), atol=1e-5)
 
 
 def test_scaffold_control_variates_by_hand(ctx, grads):
     s = make_strategy(method("scaffold"))
     state = s.init_state(ctx)
-    state["c"] = torch.randn(D, generator=torch.Generator().manual_seed(1))
-    state["c_i"] = torch.randn(N, D, generator=torch.Generator().manual_seed(2))
-    c_old, ci_old = state["c"].clone(), state["c_i"].clone()
+    state.c = torch.randn(D, generator=torch.Generator().manual_seed(1))
+    state.c_i = torch.randn(N, D, generator=torch.Generator().manual_seed(2))
+    c_old, ci_old = state.c.clone(), state.c_i.clone()
     spec = s.local_spec(state, 4)
     assert torch.allclose(spec.correction, c_old - ci_old[4])
     steps = torch.tensor([3, 5, 2])
@@ -182,10 +184,10 @@ def test_scaffold_control_variates_by_hand(ctx, grads):
     c_expected = c_old.clone()
     for j, i in enumerate(ACTIVE.tolist()):
         new = ci_old[i] - c_old + grads[i] / (steps[j] * ctx.client_lr)
-        assert torch.allclose(state["c_i"][i], new, atol=1e-5)
+        assert torch.allclose(state.c_i[i], new, atol=1e-5)
         c_expected += (new - ci_old[i]) / N
-    assert torch.allclose(state["c"], c_expected, atol=1e-5)
-    assert torch.equal(state["c_i"][0], ci_old[0])
+    assert torch.allclose(state.c, c_expected, atol=1e-5)
+    assert torch.equal(state.c_i[0], ci_old[0])
 
 
 def test_fedprox_and_full_participation(ctx):
@@ -196,9 +198,9 @@ def test_fedprox_and_full_participation(ctx):
 
 
 def test_every_method_is_registered_and_reports_memory(ctx):
-    from fedsteer_lib.config import METHODS
+    from fedsteer_lib.experiments.config import METHODS
 
-    assert set(STRATEGIES) == set(METHODS)
+    assert set(REGISTRY) == set(METHODS)
     big = ServerContext(weights=torch.full((100,), 0.01), probs=torch.full((100,), 0.1), dim=1000,
                         device=torch.device("cpu"), client_lr=0.1)
     varp = make_strategy(method("fedvarp"))
@@ -218,7 +220,7 @@ def test_fedsteer_incremental_state_matches_recomputation_over_many_rounds(ctx, 
     none active, and a zero update."""
     s = make_strategy(method("fedsteer", core_size=3, lam=0.5, ordering=ordering))
     state = s.init_state(ctx)
-    state["core"] = torch.tensor([0, 2, 4])
+    state.core = torch.tensor([0, 2, 4])
     gen = torch.Generator().manual_seed(3)
     for t in range(12):
         active = torch.nonzero(torch.rand(N, generator=gen) < 0.5).flatten()
@@ -226,11 +228,11 @@ def test_fedsteer_incremental_state_matches_recomputation_over_many_rounds(ctx, 
         if t == 4 and len(active):
             updates[0] = 0.0
         if ordering == "as_written":  # the round's own Q and coordinates, built from scratch
-            raw = state["basis"] * state["core_norms"][:, None]
-            coords = state["coords"].clone()
+            raw = state.basis * state.core_norms[:, None]
+            coords = state.coords.clone()
             for row, client in enumerate(active.tolist()):
-                if client in state["core"].tolist():
-                    raw[state["core"].tolist().index(client)] = updates[row]
+                if client in state.core.tolist():
+                    raw[state.core.tolist().index(client)] = updates[row]
             norms = raw.norm(dim=1, keepdim=True)
             basis = torch.where(norms > 0, raw / norms.clamp_min(1e-30), torch.zeros_like(raw))
             keep = norms.squeeze(1) > 0
@@ -241,9 +243,9 @@ def test_fedsteer_incremental_state_matches_recomputation_over_many_rounds(ctx, 
             expected = steered_update_ref(basis, coords, ctx, active, updates)
             assert torch.allclose(s.aggregate(state, ctx, active, updates), expected, atol=1e-5)
         s.update(state, ctx, active, updates, torch.ones(len(active), dtype=torch.long), t)
-        assert torch.allclose(state["gram"], (state["basis"] @ state["basis"].T).double(), atol=1e-6)
-        raw = state["basis"] * state["core_norms"][:, None]
-        assert torch.allclose(raw.norm(dim=1), state["core_norms"], atol=1e-5)
+        assert torch.allclose(state.gram, (state.basis @ state.basis.T).double(), atol=1e-6)
+        raw = state.basis * state.core_norms[:, None]
+        assert torch.allclose(raw.norm(dim=1), state.core_norms, atol=1e-5)
 
 
 def steered_update_ref(basis, coords, ctx, active, updates):
@@ -255,7 +257,7 @@ def steered_update_ref(basis, coords, ctx, active, updates):
 
 
 def test_blocked_inner_products_equal_plain_matmuls():
-    from fedsteer_lib.strategies import _inner_products
+    from fedsteer_lib.fedsteer import _inner_products
 
     gen = torch.Generator().manual_seed(0)
     updates, basis = torch.randn(5, 103, generator=gen), torch.randn(3, 103, generator=gen)
@@ -272,13 +274,13 @@ def test_fedsteer_enforced_refresh_recomputes_every_clients_coordinates(ctx, gra
     assert [t for t in range(12) if s.forced_clients(state, ctx, t)] == [4, 9]
     assert s.forced_clients(state, ctx, 4) == list(range(N))
     assert make_strategy(method("fedsteer", core_size=3)).forced_clients(state, ctx, 4) == []
-    before = state["coords"].clone()
+    before = state.coords.clone()
     clients = torch.tensor([0, 2, 5])
     s.observe(state, ctx, clients, grads[clients], round_idx=4)
-    assert torch.allclose(state["coords"][clients], ridge_coordinates(state["basis"], grads[clients], 0.5), atol=1e-5)
+    assert torch.allclose(state.coords[clients], ridge_coordinates(state.basis, grads[clients], 0.5), atol=1e-5)
     others = torch.tensor([1, 3, 4])
-    assert torch.equal(state["coords"][others], before[others])
-    assert state["last_refresh"][clients].tolist() == [4, 4, 4]
+    assert torch.equal(state.coords[others], before[others])
+    assert state.last_refresh[clients].tolist() == [4, 4, 4]
 
 
 # --- the FedStale code base's conventions (issue: baselines in the paper's framework) -------------
@@ -299,7 +301,7 @@ def test_weighting_parameter_by_hand(ctx, grads, name):
 
 def test_weighting_unbiased_is_unbiased_for_fedprox(ctx, grads):
     s = make_strategy(method("fedprox", weighting="unbiased"))
-    assert torch.allclose(_expectation(s, {}, ctx, grads), (ctx.weights @ grads).double(), atol=1e-5)
+    assert torch.allclose(_expectation(s, None, ctx, grads), (ctx.weights @ grads).double(), atol=1e-5)
 
 
 def test_mifa_wait_all_by_hand(ctx, grads):
@@ -324,7 +326,7 @@ def test_mifa_wait_all_by_hand(ctx, grads):
     assert s.forced_clients(state, ctx, 3) == []
     table = at_current.clone()
     table[act] = grads[act]
-    assert torch.equal(state["h"], table)
+    assert torch.equal(state.h, table)
     fresh = torch.randn(2, D, generator=torch.Generator().manual_seed(3))  # round 3: plain MIFA
     act = torch.tensor([0, 4])
     refreshed = table.clone()
@@ -343,7 +345,7 @@ def test_new_parameters_at_their_defaults_keep_result_keys():
     import hashlib
     import json
 
-    from fedsteer_lib.config import RunConfig
+    from fedsteer_lib.experiments.config import RunConfig
 
     for name, new in [("fedprox", "weighting"), ("scaffold", "weighting"), ("mifa", "start")]:
         cfg = RunConfig(method=method(name))

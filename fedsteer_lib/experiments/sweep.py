@@ -1,5 +1,8 @@
 """Grids of runs, computed only where the results cache lacks them, resumable after any crash.
 
+`grid` builds methods x gammas x seeds with the frozen training settings; the named groups of
+the book live in `groups`.
+
 Each finished run is written atomically as soon as it ends, so a sweep killed at any moment
 (even with SIGKILL) and restarted loses no finished run and yields the same table.
 """
@@ -15,14 +18,11 @@ from tqdm import tqdm
 
 from dataclasses import replace
 
-from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_GRID, REGIME_SEEDS, TUNED, Diagnostics, FLSystem,
-                     MethodSpec, Profile, RunConfig, framework_methods, get_profile, method, paper_methods,
-                     regime_methods)
-from .engine import SimData, prepare, run
+from ..simulator.engine import SimData, prepare, run
+from .config import DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, get_profile
 from .results import has_run, save_run
 
-__all__ = ["grid", "run_grid", "paper_grid", "ablation_grid", "framework_grid", "regime_grid", "missing",
-           "complete_seeds"]
+__all__ = ["grid", "run_grid", "missing", "complete_seeds"]
 
 
 def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "paper", *,
@@ -45,54 +45,6 @@ def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "
                 configs.append(RunConfig(dataset=dataset, method=m, system=replace(base_system, gamma=gamma),
                                          training=training, seed=seed, diagnostics=diagnostics or Diagnostics(),
                                          device=device, emnist_split=DATASET_DEFAULTS[dataset].get("split", "balanced")).validate())
-    return configs
-
-
-def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> list[RunConfig]:
-    """Table 1 / Fig. 4: every method of the paper, the profile's gammas and seeds."""
-    return grid(dataset, paper_methods(dataset), profile, device=device)
-
-
-FEW_SEED_GROUPS = ("coreset_lambda", "forced_refresh")  # ablations run on the profile's first `ablation_seeds`
-
-
-def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> dict[str, list[RunConfig]]:
-    """The ablations of the book's chapter 7, by name."""
-    prof = get_profile(profile) if isinstance(profile, str) else profile
-    dd = DATASET_DEFAULTS[dataset]
-    k, lam = dd["core_size"], dd["lam"]
-    few = prof.seeds[: prof.ablation_seeds]  # FEW_SEED_GROUPS use fewer seeds (stated in the book)
-    kw = dict(profile=prof, device=device)
-    return {
-        "coreset_lambda": grid(dataset, [method("fedsteer", core_size=s, lam=l, refresh_every=5)
-                                         for s in prof.coreset_sizes for l in (0.0, 0.5)], seeds=few, **kw),
-        "subsampled": grid(dataset, [method("fedsteer", core_size=k, lam=lam, subsample=20)], **kw),
-        "random_core": grid(dataset, [method("fedsteer", core_size=k, lam=lam, selection="random")], **kw),
-        "ordering": grid(dataset, [method("fedsteer", core_size=k, lam=lam, ordering="as_written")], **kw),
-        "fair_start": grid(dataset, [method("fedvarp", warmup_cycles=5), method("mifa", warmup_cycles=5)], **kw),
-        # The other reading of "enforce=5": every 5th round all clients refresh their coordinates.
-        "forced_refresh": grid(dataset, [method("fedsteer", core_size=k, lam=lam, enforce_every=5)], seeds=few, **kw),
-    }
-
-
-def framework_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
-    """The baselines in the FedStale code base's conventions (`config.framework_methods`) that
-    Table 1 does not already hold, at the profile's gammas and seeds."""
-    return grid(dataset, framework_methods(dataset), profile, device=device)
-
-
-def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
-    """The regime map: client lr x local epochs (`config.REGIME_GRID`) at gamma = 0.9, on the
-    map's seeds (the profile's, where it has fewer). The cell of the frozen settings reuses
-    Table 1's runs (same keys)."""
-    prof = get_profile(profile) if isinstance(profile, str) else profile
-    seeds = [s for s in prof.seeds if s in REGIME_SEEDS] or list(prof.seeds[:1])
-    gammas = [g for g in prof.gammas if g in REGIME_GAMMAS] or list(prof.gammas[-1:])
-    configs = []
-    for lr in REGIME_GRID["client_lr"]:
-        for epochs in REGIME_GRID["local_epochs"]:
-            configs += grid(dataset, regime_methods(dataset), prof, gammas=gammas, seeds=seeds, device=device,
-                            client_lr=lr, local_epochs=epochs)
     return configs
 
 

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from ..strategy import LocalSpec
+
 __all__ = ["FlatModel", "LocalSpec", "ClientResult", "local_train", "local_train_batch", "can_batch", "evaluate"]
 
 
@@ -46,19 +48,6 @@ class FlatModel:
         """Views of the parameter part of a flat vector shaped like each parameter."""
         chunks = torch.split(flat[: self.num_params], self.sizes[: len(self.params)])
         return [c.view_as(p) for c, p in zip(chunks, self.params)]
-
-
-@dataclass
-class LocalSpec:
-    """What the server strategy asks of a client's local training.
-
-    prox_mu: FedProx's proximal weight mu (adds mu * (w - w_t) to every gradient).
-    correction: SCAFFOLD's control-variate correction c - c_i (flat, length d), added to
-        every gradient.
-    """
-
-    prox_mu: float = 0.0
-    correction: torch.Tensor | None = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import ConfigError, FLSystem
+from .settings import ConfigError, FLSystem
 
 __all__ = ["Federation", "build_federation", "participation_schedule", "rng", "staleness"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 __all__ = ["SYSTEM_PACKAGES", "Check", "checks", "report", "missing_system_packages", "install_system_packages",
            "chromium_path", "chromium_problem"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 MATHJAX = ROOT / "book" / "_static" / "mathjax" / "tex-chtml.js"
 

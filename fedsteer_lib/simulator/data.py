@@ -39,7 +39,7 @@ import torch
 
 DATASETS = ("fmnist", "emnist", "cifar10")
 EMNIST_SPLITS = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}
-REPO_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 DEBIAN_FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 APT_COMMAND = "sudo apt-get install -y dataset-fashion-mnist"
 CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)

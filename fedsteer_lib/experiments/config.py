@@ -9,7 +9,8 @@ silent, the choice is made here, once, and the book's "Choices" page shows this 
 - Evaluation schedule: every 5 rounds and each of the last 10 rounds.
 
 A run is described by a `RunConfig`; its `key()` (a hash of everything except the device)
-names its result in the cache, so a finished run is never computed twice.
+names its result in the cache, so a finished run is never computed twice. Methods and their
+parameters come from `registry`; the simulated system's settings from `simulator.settings`.
 """
 from __future__ import annotations
 
@@ -19,105 +20,23 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..simulator.settings import ConfigError, Diagnostics, FLSystem, Training, check
+from ..strategy import Strategy
+from .registry import METHODS as REGISTRY
+
 __all__ = [
     "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHODS", "PROFILES",
-    "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile",
+    "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile", "LATE_DEFAULTS",
     "framework_methods", "regime_methods", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
 ]
 
 
-class ConfigError(ValueError):
-    """A setting is outside its allowed range; the message names the field and the range."""
-
-
-def _check(cond: bool, field_name: str, allowed: str, value: Any) -> None:
-    if not cond:
-        raise ConfigError(f"{field_name} must be {allowed}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class FLSystem:
-    """The simulated FL system of paper §2.1 and §4.1.
-
-    A fraction `weak_fraction` of the clients is weak (participation probability
-    `weak_prob`), the rest powerful (`powerful_prob`); these groups are drawn independently
-    of the data groups. A fraction `gamma` of the clients (common-label group) gets
-    floor(points_scale / gamma) points from the first half of the labels, the others
-    (rare-label group) floor(points_scale / (1 - gamma)) points from the second half.
-    """
-
-    num_clients: int = 100
-    weak_fraction: float = 0.5
-    weak_prob: float = 0.04
-    powerful_prob: float = 0.16
-    gamma: float = 0.9
-    points_scale: int = 50
-    validation_size: int = 0  # > 0: hold this many training images out as the evaluation set
-
-    def validate(self) -> None:
-        _check(isinstance(self.num_clients, int) and self.num_clients >= 2, "num_clients", "an integer >= 2", self.num_clients)
-        _check(0.0 <= self.weak_fraction <= 1.0, "weak_fraction", "in [0, 1]", self.weak_fraction)
-        _check(0.0 < self.weak_prob <= 1.0, "weak_prob", "in (0, 1]", self.weak_prob)
-        _check(0.0 < self.powerful_prob <= 1.0, "powerful_prob", "in (0, 1]", self.powerful_prob)
-        _check(0.0 < self.gamma < 1.0, "gamma", "in (0, 1)", self.gamma)
-        _check(isinstance(self.points_scale, int) and self.points_scale >= 1, "points_scale", "an integer >= 1", self.points_scale)
-        common = round(self.gamma * self.num_clients)
-        _check(0 < common < self.num_clients, "gamma",
-               f"such that both label groups are non-empty for num_clients={self.num_clients}", self.gamma)
-        _check(isinstance(self.validation_size, int) and self.validation_size >= 0, "validation_size", "an integer >= 0", self.validation_size)
-
-
-@dataclass(frozen=True)
-class Training:
-    """Local training (E epochs of minibatch SGD) and the server step w <- w - eta_s * Delta."""
-
-    rounds: int = 150
-    local_epochs: int = 2
-    batch_size: int = 32
-    client_lr: float = 0.05
-    server_lr: float = 1.0
-    eval_every: int = 5
-    eval_last: int = 10
-
-    def validate(self) -> None:
-        for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
-        _check(isinstance(self.eval_last, int) and self.eval_last >= 0, "eval_last", "an integer >= 0", self.eval_last)
-        _check(self.client_lr > 0, "client_lr", "> 0", self.client_lr)
-        _check(self.server_lr > 0, "server_lr", "> 0", self.server_lr)
-
-
-# Each method: its parameters with defaults. `method(name, **params)` validates against this.
-METHODS: dict[str, dict[str, Any]] = {
-    "fedavg": {},                       # normalised average of the active clients (the tables' FedAvg)
-    "fedavg_unbiased": {},              # sum_{i in A} d_i / p_i g_i
-    "fedvarp": {"warmup_cycles": 0},    # > 0: fair-start check, memory h from the same warm-up snapshot as FedSteer
-    "fedstale": {"beta": 0.7},
-    "mifa": {"warmup_cycles": 0, "start": "zero"},  # start="wait_all": MIFA's fdu.py (no step until all seen)
-    "scaffold": {"weighting": "normalized"},        # weighting="unbiased": sum_A (d_i/p_i) g_i, not renormalised
-    "fedprox": {"mu": 0.1, "weighting": "normalized"},
-    "full": {},                         # full participation: every client every round
-    "fedsteer": {
-        "core_size": 40, "lam": 0.5, "refresh_every": 1, "ordering": "unbiased",
-        "warmup_cycles": 5, "max_swaps": 5, "subsample": 0, "selection": "greedy",
-        "enforce_every": 0,
-    },
-}
+# Each method's parameters with their defaults (from the registry).
+METHODS: dict[str, dict[str, Any]] = {name: info.defaults for name, info in REGISTRY.items()}
 # Parameters added after results were first cached: left out of a run's key while at their
 # default, so that earlier results keep their names.
 LATE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "fedsteer": {"enforce_every": 0},
-    "fedprox": {"weighting": "normalized"},
-    "scaffold": {"weighting": "normalized"},
-    "mifa": {"start": "zero"},
-}
-ORDERINGS = ("unbiased", "as_written")
-# How FedAvg-style rules weight the active clients: "normalized" = sum_A d_i g_i / sum_A d_i (the
-# FedProx / NIID-Bench convention), "unbiased" = sum_A (d_i / p_i) g_i (the FedStale code base's).
-WEIGHTINGS = ("normalized", "unbiased")
-MIFA_STARTS = ("zero", "wait_all")
-SELECTIONS = ("greedy", "random")
+    name: {k: p.default for k, p in info.params.items() if p.late} for name, info in REGISTRY.items()}
 
 
 @dataclass(frozen=True)
@@ -137,31 +56,18 @@ class MethodSpec:
         return self.name + ("(" + ", ".join(f"{k}={v}" for k, v in nondefault) + ")" if nondefault else "")
 
     def validate(self, num_clients: int) -> None:
-        _check(self.name in METHODS, "method", f"one of {sorted(METHODS)}", self.name)
-        allowed = METHODS[self.name]
+        check(self.name in METHODS, "method", f"one of {sorted(METHODS)}", self.name)
+        allowed = REGISTRY[self.name].params
         for key, _ in self.params:
-            _check(key in allowed, f"{self.name} parameter", f"one of {sorted(allowed) or '(none)'}", key)
-        if self.name == "fedstale":
-            _check(0.0 <= self.get("beta") <= 1.0, "fedstale beta", "in [0, 1]", self.get("beta"))
-        if self.name == "fedprox":
-            _check(self.get("mu") >= 0.0, "fedprox mu", ">= 0", self.get("mu"))
-        if self.name in ("fedprox", "scaffold"):
-            _check(self.get("weighting") in WEIGHTINGS, f"{self.name} weighting", f"one of {WEIGHTINGS}", self.get("weighting"))
-        if self.name == "mifa":
-            _check(self.get("start") in MIFA_STARTS, "mifa start", f"one of {MIFA_STARTS}", self.get("start"))
-        if self.name == "fedsteer":
-            k = self.get("core_size")
-            _check(isinstance(k, int) and 1 <= k <= num_clients, "fedsteer core_size", f"an integer in [1, num_clients={num_clients}]", k)
-            _check(self.get("lam") >= 0.0, "fedsteer lam (lambda)", ">= 0", self.get("lam"))
-            _check(isinstance(self.get("refresh_every"), int) and self.get("refresh_every") >= 1, "fedsteer refresh_every", "an integer >= 1", self.get("refresh_every"))
-            _check(self.get("ordering") in ORDERINGS, "fedsteer ordering", f"one of {ORDERINGS}", self.get("ordering"))
-            _check(isinstance(self.get("warmup_cycles"), int) and self.get("warmup_cycles") >= 0, "fedsteer warmup_cycles", "an integer >= 0", self.get("warmup_cycles"))
-            _check(isinstance(self.get("max_swaps"), int) and self.get("max_swaps") >= 0, "fedsteer max_swaps", "an integer >= 0", self.get("max_swaps"))
-            sub = self.get("subsample")
-            _check(isinstance(sub, int) and (sub == 0 or 1 <= sub <= num_clients), "fedsteer subsample", f"0 (off) or an integer in [1, {num_clients}]", sub)
-            _check(self.get("selection") in SELECTIONS, "fedsteer selection", f"one of {SELECTIONS}", self.get("selection"))
-            enforce = self.get("enforce_every")
-            _check(isinstance(enforce, int) and enforce >= 0, "fedsteer enforce_every", "0 (off) or an integer >= 1", enforce)
+            check(key in allowed, f"{self.name} parameter", f"one of {sorted(allowed) or '(none)'}", key)
+        for key, param in allowed.items():
+            value = self.get(key)
+            check(param.ok(value, num_clients), f"{self.name} {key}",
+                  param.allowed.replace("num_clients", f"num_clients={num_clients}"), value)
+
+    def build(self) -> Strategy:
+        """The server strategy this spec names (validated parameters are the caller's job)."""
+        return REGISTRY[self.name].strategy(self)
 
 
 def method(name: str, **params: Any) -> MethodSpec:
@@ -172,23 +78,6 @@ def method(name: str, **params: Any) -> MethodSpec:
     if unknown:
         raise ConfigError(f"{name} parameter must be one of {sorted(METHODS[name]) or '(none)'}, got {unknown}")
     return MethodSpec(name, tuple(sorted({**METHODS[name], **params}.items())))
-
-
-@dataclass(frozen=True)
-class Diagnostics:
-    """Extra measurements (paper-book figures); never fed back into training.
-
-    probe_every: every this many rounds (0: never) compute every client's true update at w_t.
-    track_coords: FedSteer clients whose coordinates s_i are recorded every round (Fig. 8).
-    """
-
-    probe_every: int = 0
-    probe_mc_samples: int = 200
-    track_coords: tuple[int, ...] = ()
-
-    def validate(self) -> None:
-        _check(isinstance(self.probe_every, int) and self.probe_every >= 0, "probe_every", "an integer >= 0", self.probe_every)
-        _check(self.probe_mc_samples >= 2, "probe_mc_samples", ">= 2", self.probe_mc_samples)
 
 
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -215,10 +104,10 @@ class RunConfig:
     client_batch: int = 1  # execution only: > 1 trains up to this many clients at once (for GPUs)
 
     def validate(self) -> "RunConfig":
-        _check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
-        _check(isinstance(self.client_batch, int) and self.client_batch >= 1, "client_batch", "an integer >= 1",
+        check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
+        check(isinstance(self.client_batch, int) and self.client_batch >= 1, "client_batch", "an integer >= 1",
                self.client_batch)
-        _check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
+        check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
         self.system.validate()
         self.training.validate()
         self.diagnostics.validate()

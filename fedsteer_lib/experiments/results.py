@@ -19,12 +19,19 @@ from typing import Any, Iterable
 import pandas as pd
 import torch
 
-from .config import RunConfig
-from .engine import RunResult
+from .config import Profile, RunConfig, get_profile
+from ..simulator.engine import RunResult
 
-__all__ = ["RESULTS_DIR", "run_path", "has_run", "save_run", "load_run", "provenance", "runs_table", "history_table", "load_runs"]
+__all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "save_run", "load_run", "provenance", "runs_table", "history_table", "load_runs"]
 
-RESULTS_DIR = Path(os.environ.get("FEDSTEER_RESULTS", Path(__file__).resolve().parent.parent / "data" / "results"))
+RESULTS_DIR = Path(os.environ.get("FEDSTEER_RESULTS", Path(__file__).resolve().parents[2] / "data" / "results"))
+
+
+def results_root(profile: "str | Profile") -> Path:
+    """The results cache of a profile (`paper`: data/results, committed; `quick`: .cache/, not committed)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    env = os.environ.get("FEDSTEER_RESULTS")
+    return Path(env) if env and prof.name == "paper" else Path(__file__).resolve().parents[2] / prof.results_dir
 
 
 def _root(root: str | os.PathLike | None) -> Path:
@@ -40,7 +47,7 @@ def has_run(config: RunConfig, root: str | os.PathLike | None = None) -> bool:
 
 
 def _code_version() -> str:
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or "unknown"

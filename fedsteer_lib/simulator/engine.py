@@ -1,28 +1,32 @@
 """The simulation engine: one FL training run of any server strategy (paper §2.1, §4.1).
 
-The engine knows nothing about particular methods: it draws the participants, runs their
-local training, asks the strategy for Delta_t, applies w <- w - eta_s Delta_t, lets the
-strategy refresh its memory, evaluates on a schedule, and records diagnostics. A run that
-produces a non-finite update is stopped and recorded as collapsed.
+The engine knows nothing about particular methods. `run` is a loop over `_round`: draw the
+participants, train them locally, ask the strategy for Delta_t, apply w <- w - eta_s Delta_t,
+let the strategy refresh its memory (and train the clients it asks for), evaluate on a
+schedule. Everything measured goes to a `Recorder`. A run that produces a non-finite update
+is stopped and recorded as collapsed.
 """
 from __future__ import annotations
 
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import RunConfig, Training
+from ..strategy import LocalSpec, ServerContext, Strategy
 from .data import load_dataset
 from .models import build_model
 from .partition import Federation, build_federation, participation_schedule, rng
-from .projection import update_variance
-from .strategies import ServerContext, Strategy, make_strategy
-from .training import FlatModel, LocalSpec, can_batch, evaluate, local_train, local_train_batch
+from .recorder import Recorder, probe_rows
+from .settings import Training
+from .training import FlatModel, can_batch, evaluate, local_train, local_train_batch
+
+if TYPE_CHECKING:  # the engine only reads a run's settings; the experiments build them
+    from ..experiments.config import RunConfig
 
 __all__ = ["SimData", "prepare", "run", "RunResult", "client_updates"]
 
@@ -84,7 +88,7 @@ def prepare(config: RunConfig, data_root: str | None = None) -> SimData:
 
 
 def client_updates(sim: SimData, training: Training, weights: torch.Tensor, clients: list[int],
-                   generator: torch.Generator, strategy: Strategy | None = None, state: dict | None = None):
+                   generator: torch.Generator, strategy: Strategy | None = None, state: Any = None):
     """Local training of `clients` from `weights` with the `training` settings;
     returns (updates (m, d), steps (m,), losses). With `sim.client_batch` > 1 (and a model
     without BatchNorm) the clients are trained in vectorised groups of that size: the same
@@ -122,40 +126,6 @@ class RunResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _probe(sim, config, strategy, state, ctx, weights, t, last_seen, memory, generator, prob_gen) -> list[dict]:
-    """Diagnostics at w_t: every client's true update, the aggregation variance of this
-    method's estimator (Monte Carlo over participation draws; exact where Eq. 4's form
-    applies) and the directional misalignment of stale and estimated updates."""
-    n = ctx.num_clients
-    true, _, _ = client_updates(sim, config.training, weights, list(range(n)), generator, strategy, state)
-    target = ctx.weights @ true
-    probs = ctx.probs.double().cpu().numpy()
-    mean = torch.zeros_like(target, dtype=torch.float64)
-    sq_err, sq_norm = 0.0, 0.0
-    samples = config.diagnostics.probe_mc_samples
-    for _ in range(samples):
-        active = torch.from_numpy(np.nonzero(prob_gen.random(n) < probs)[0]).to(weights.device)
-        delta = strategy.aggregate(state, ctx, active, true[active]).double()
-        mean += delta
-        sq_norm += float(delta @ delta)
-        sq_err += float(((delta - target.double()) ** 2).sum())
-    mean /= samples
-    variance = sq_norm / samples - float(mean @ mean)
-    estimates = strategy.estimates(state, ctx)
-    exact = update_variance(true, estimates, ctx.weights, ctx.probs) if estimates is not None else float("nan")
-    rows = [{"round": t, "client": -1, "mc_variance": variance, "exact_variance": exact,
-             "mse_to_mean": sq_err / samples, "bias_norm": float((mean - target.double()).norm()),
-             "target_norm": float(target.norm())}]
-    cos = torch.nn.functional.cosine_similarity
-    stale_cos = cos(memory, true, dim=1)
-    est_cos = cos(estimates, true, dim=1) if estimates is not None else torch.full((n,), float("nan"))
-    for i in range(n):
-        rows.append({"round": t, "client": i, "staleness": int(t - last_seen[i]) if last_seen[i] >= 0 else -1,
-                     "cos_stale": float(stale_cos[i]) if last_seen[i] >= 0 else float("nan"),
-                     "cos_estimate": float(est_cos[i]), "true_norm": float(true[i].norm())})
-    return rows
-
-
 def _warmup(sim: SimData, config: RunConfig, strategy: Strategy, state: dict, ctx: ServerContext, progress: bool) -> float:
     """Paper §2.4: T0 selection cycles at a fixed model, each followed by a full-participation
     step. Returns its wall time. The caller restarts training from the initial weights."""
@@ -171,10 +141,10 @@ def _warmup(sim: SimData, config: RunConfig, strategy: Strategy, state: dict, ct
     return time.perf_counter() - start
 
 
-def server_setup(config: RunConfig, sim: SimData) -> tuple[Strategy, ServerContext, dict]:
+def server_setup(config: RunConfig, sim: SimData) -> tuple[Strategy, ServerContext, Any]:
     """The strategy, its server context (d_i, effective p_i) and its initial state for a run."""
     device = torch.device(config.device)
-    strategy = make_strategy(config.method)
+    strategy = config.method.build()
     fed = sim.federation
     probs = strategy.participation_probs(fed.probs)
     ctx = ServerContext(weights=fed.weights.float().to(device), probs=probs.float().to(device),
@@ -191,95 +161,69 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
         warnings.warn(f"client_batch={config.client_batch} ignored: the {config.dataset} model has BatchNorm, "
                       "its clients are trained one by one", stacklevel=2)
     tr, diag = config.training, config.diagnostics
-    device = torch.device(config.device)
     strategy, ctx, state = server_setup(config, sim)
+    rec = Recorder(strategy, diag.track_coords,
+                   torch.zeros(ctx.num_clients, ctx.dim, device=ctx.device) if diag.probe_every else None)
+    rec.last_seen = np.full(ctx.num_clients, -1)
+    if strategy.warmup_cycles:
+        rec.timing["warmup"] = _warmup(sim, config, strategy, state, ctx, progress)
     eff_probs = strategy.participation_probs(sim.federation.probs)  # float64, as drawn
-    t_start = time.perf_counter()
-    warmup_time = _warmup(sim, config, strategy, state, ctx, progress) if strategy.warmup_cycles else 0.0
-
     schedule = participation_schedule(eff_probs, tr.rounds, config.seed)
-    batch_gen, probe_gen = _torch_gen(config.seed, _BATCHES), _torch_gen(config.seed, _PROBE)
-    forced_gen = _torch_gen(config.seed, _FORCED)
-    prob_rng = rng(config.seed, _PROBE)
+    streams = {"batches": _torch_gen(config.seed, _BATCHES), "probe": _torch_gen(config.seed, _PROBE),
+               "forced": _torch_gen(config.seed, _FORCED), "probe_draws": rng(config.seed, _PROBE)}
     weights = sim.initial_weights.clone()
-    last_seen = np.full(ctx.num_clients, -1)
-    memory = torch.zeros(ctx.num_clients, ctx.dim, device=device) if diag.probe_every else None
-    tracked = list(diag.track_coords) if "coords" in state else []
-    coords_history: dict[int, list[list[float]]] = {c: [] for c in tracked}
-    history, probes, participation = [], [], []
-    timing = {"client": 0.0, "server": 0.0, "eval": 0.0, "probe": 0.0, "warmup": warmup_time, "forced": 0.0}
-    collapsed, collapse_round = False, None
-
-    t0 = time.perf_counter()
-    acc, loss = evaluate(sim.flat_model, weights, sim.eval_images, sim.eval_labels)
-    timing["eval"] += time.perf_counter() - t0
-    history.append({"round": 0, "num_active": 0, "accuracy": acc, "loss": loss, "train_loss": float("nan"), "update_norm": 0.0})
+    with rec.phase("eval"):
+        acc, loss = evaluate(sim.flat_model, weights, sim.eval_images, sim.eval_labels)
+    rec.history.append({"round": 0, "num_active": 0, "accuracy": acc, "loss": loss, "train_loss": float("nan"),
+                        "update_norm": 0.0})
+    collapse_round = None
     bar = tqdm(range(tr.rounds), desc=config.method.label, disable=not progress, leave=False)
     for t in bar:
-        active_ids = torch.nonzero(schedule[t]).flatten().tolist()
-        participation.append(active_ids)
-        t0 = time.perf_counter()
-        updates, steps, losses = client_updates(sim, tr, weights, active_ids, batch_gen, strategy, state)
-        timing["client"] += time.perf_counter() - t0
-        active = torch.tensor(active_ids, dtype=torch.long, device=device)
-        if diag.probe_every and t % diag.probe_every == 0:
-            t0 = time.perf_counter()
-            probes.extend(_probe(sim, config, strategy, state, ctx, weights, t, last_seen, memory, probe_gen, prob_rng))
-            timing["probe"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
+        weights = _round(t, torch.nonzero(schedule[t]).flatten().tolist(), weights, sim, config, strategy, state,
+                         ctx, rec, streams)
+        if weights is None:
+            collapse_round = t + 1
+            break
+        if rec.history[-1]["accuracy"] == rec.history[-1]["accuracy"]:
+            bar.set_postfix(acc=f"{rec.history[-1]['accuracy']:.3f}")
+    summary = rec.summary(tr.eval_last, collapse_round is not None, collapse_round, state,
+                          sim.flat_model.num_params, ctx.dim)
+    return RunResult(config=config.to_dict(), history=rec.history, summary=summary, extras=rec.extras(state))
+
+
+def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, config: RunConfig, strategy: Strategy,
+           state: Any, ctx: ServerContext, rec: Recorder, streams: dict) -> torch.Tensor | None:
+    """Round t from w_t (`weights`) with the clients `active_ids`; returns w_{t+1}, or None when
+    the round produced a non-finite update (the run has collapsed)."""
+    tr, diag = config.training, config.diagnostics
+    rec.participation.append(active_ids)
+    with rec.phase("client"):
+        updates, steps, losses = client_updates(sim, tr, weights, active_ids, streams["batches"], strategy, state)
+    active = torch.tensor(active_ids, dtype=torch.long, device=ctx.device)
+    if diag.probe_every and t % diag.probe_every == 0:
+        with rec.phase("probe"):
+            true, _, _ = client_updates(sim, tr, weights, list(range(ctx.num_clients)), streams["probe"], strategy, state)
+            rec.probes.extend(probe_rows(true, strategy, state, ctx, t, rec.last_seen, rec.memory,
+                                         diag.probe_mc_samples, streams["probe_draws"].random))
+    with rec.phase("server"):
         delta = strategy.aggregate(state, ctx, active, updates)
         # One pass, no (m, d) temporary: a NaN or inf anywhere makes the sum non-finite (so do
         # finite entries near the float32 limit, which only a diverged run produces).
         finite = bool(torch.isfinite(delta.sum())) and bool(torch.isfinite(updates.sum()))
-        round_weights = weights  # w_t
         if finite:
-            weights = weights - tr.server_lr * delta
+            new_weights = weights - tr.server_lr * delta
             strategy.update(state, ctx, active, updates, steps, t)
-        timing["server"] += time.perf_counter() - t0
-        if not finite:
-            collapsed, collapse_round = True, t + 1
-            break
-        forced = sorted(set(strategy.forced_clients(state, ctx, t)) - set(active_ids))
-        if forced:  # updates at w_t that the strategy observes but never aggregates
-            t0 = time.perf_counter()
-            extra, _, _ = client_updates(sim, tr, round_weights, forced, forced_gen, strategy, state)
-            strategy.observe(state, ctx, torch.tensor(forced, dtype=torch.long, device=device), extra, t)
-            timing["forced"] += time.perf_counter() - t0
-        if memory is not None and active_ids:
-            memory[active] = updates
-        last_seen[active_ids] = t
-        for c in tracked:
-            coords_history[c].append(state["coords"][c].tolist())
-        row = {"round": t + 1, "num_active": len(active_ids), "accuracy": float("nan"), "loss": float("nan"),
-               "train_loss": float(np.mean(losses)) if losses else float("nan"), "update_norm": float(delta.norm())}
-        if (t + 1) % tr.eval_every == 0 or t + 1 > tr.rounds - tr.eval_last:
-            t0 = time.perf_counter()
-            row["accuracy"], row["loss"] = evaluate(sim.flat_model, weights, sim.eval_images, sim.eval_labels)
-            timing["eval"] += time.perf_counter() - t0
-            bar.set_postfix(acc=f"{row['accuracy']:.3f}")
-        history.append(row)
-
-    evaluated = [h for h in history if h["accuracy"] == h["accuracy"]]
-    last_k = [h["accuracy"] for h in evaluated[-tr.eval_last:]] if tr.eval_last else [evaluated[-1]["accuracy"]]
-    summary = {
-        "final_accuracy": evaluated[-1]["accuracy"],
-        "final_loss": evaluated[-1]["loss"],
-        "mean_last_accuracy": float(np.mean(last_k)),
-        "collapsed": collapsed,
-        "collapse_round": collapse_round,
-        "rounds_done": history[-1]["round"],
-        "num_params": sim.flat_model.num_params,
-        "dim": ctx.dim,
-        "server_memory_bytes": strategy.memory_bytes(state),
-        "wall_time": time.perf_counter() - t_start,
-        "timing": timing,
-    }
-    extras: dict[str, Any] = {"participation": participation}
-    if "core" in state:
-        extras["core"] = state["core"].tolist()
-        extras["swap_trace"] = state["swap_trace"]
-    if tracked:
-        extras["coords_history"] = {str(c): v for c, v in coords_history.items()}
-    if probes:
-        extras["probes"] = probes
-    return RunResult(config=config.to_dict(), history=history, summary=summary, extras=extras)
+    if not finite:
+        return None
+    forced = sorted(set(strategy.forced_clients(state, ctx, t)) - set(active_ids))
+    if forced:  # updates at w_t that the strategy observes but never aggregates
+        with rec.phase("forced"):
+            extra, _, _ = client_updates(sim, tr, weights, forced, streams["forced"], strategy, state)
+            strategy.observe(state, ctx, torch.tensor(forced, dtype=torch.long, device=ctx.device), extra, t)
+    row = {"round": t + 1, "num_active": len(active_ids), "accuracy": float("nan"), "loss": float("nan"),
+           "train_loss": float(np.mean(losses)) if losses else float("nan"), "update_norm": float(delta.norm())}
+    if (t + 1) % tr.eval_every == 0 or t + 1 > tr.rounds - tr.eval_last:
+        with rec.phase("eval"):
+            row["accuracy"], row["loss"] = evaluate(sim.flat_model, new_weights, sim.eval_images, sim.eval_labels)
+    rec.round_done(state, active, active_ids, updates, row)
+    return new_weights

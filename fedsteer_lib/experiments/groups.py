@@ -1,0 +1,149 @@
+"""The run groups: ONE definition of every set of runs the book shows.
+
+`status`, `sweep` and every chapter iterate `run_groups(...)` (or one of its builders), so a
+group cannot be assembled twice in two different ways. Each builder takes the data set, the
+profile and the device and returns RunConfigs; which seeds and gammas come from the profile.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_GRID, REGIME_SEEDS, Diagnostics, MethodSpec, Profile,
+                     RunConfig, framework_methods, get_profile, method, paper_methods, regime_methods)
+from .sweep import grid
+from .tuning import tuning_configs
+
+__all__ = ["paper_grid", "ablation_grid", "framework_grid", "regime_grid", "convergence_methods", "convergence_grid",
+           "alignment_grid", "stability_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
+
+
+def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> list[RunConfig]:
+    """Table 1 / Fig. 4: every method of the paper, the profile's gammas and seeds."""
+    return grid(dataset, paper_methods(dataset), profile, device=device)
+
+
+FEW_SEED_GROUPS = ("coreset_lambda", "forced_refresh")  # ablations run on the profile's first `ablation_seeds`
+
+
+def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> dict[str, list[RunConfig]]:
+    """The ablations of the book's chapter 7, by name."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    dd = DATASET_DEFAULTS[dataset]
+    k, lam = dd["core_size"], dd["lam"]
+    few = prof.seeds[: prof.ablation_seeds]  # FEW_SEED_GROUPS use fewer seeds (stated in the book)
+    kw = dict(profile=prof, device=device)
+    return {
+        "coreset_lambda": grid(dataset, [method("fedsteer", core_size=s, lam=l, refresh_every=5)
+                                         for s in prof.coreset_sizes for l in (0.0, 0.5)], seeds=few, **kw),
+        "subsampled": grid(dataset, [method("fedsteer", core_size=k, lam=lam, subsample=20)], **kw),
+        "random_core": grid(dataset, [method("fedsteer", core_size=k, lam=lam, selection="random")], **kw),
+        "ordering": grid(dataset, [method("fedsteer", core_size=k, lam=lam, ordering="as_written")], **kw),
+        "fair_start": grid(dataset, [method("fedvarp", warmup_cycles=5), method("mifa", warmup_cycles=5)], **kw),
+        # The other reading of "enforce=5": every 5th round all clients refresh their coordinates.
+        "forced_refresh": grid(dataset, [method("fedsteer", core_size=k, lam=lam, enforce_every=5)], seeds=few, **kw),
+    }
+
+
+def framework_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
+    """The baselines in the FedStale code base's conventions (`config.framework_methods`) that
+    Table 1 does not already hold, at the profile's gammas and seeds."""
+    return grid(dataset, framework_methods(dataset), profile, device=device)
+
+
+def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
+    """The regime map: client lr x local epochs (`config.REGIME_GRID`) at gamma = 0.9, on the
+    map's seeds (the profile's, where it has fewer). The cell of the frozen settings reuses
+    Table 1's runs (same keys)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    seeds = [s for s in prof.seeds if s in REGIME_SEEDS] or list(prof.seeds[:1])
+    gammas = [g for g in prof.gammas if g in REGIME_GAMMAS] or list(prof.gammas[-1:])
+    configs = []
+    for lr in REGIME_GRID["client_lr"]:
+        for epochs in REGIME_GRID["local_epochs"]:
+            configs += grid(dataset, regime_methods(dataset), prof, gammas=gammas, seeds=seeds, device=device,
+                            client_lr=lr, local_epochs=epochs)
+    return configs
+
+
+
+def convergence_methods(dataset: str) -> list[MethodSpec]:
+    """The methods of the variance-term probes: `config.paper_methods` without full
+    participation (its partial-update variance is 0 by construction, p_i = 1) and with
+    FedStale at beta = 0.7 only."""
+    return [m for m in paper_methods(dataset)
+            if m.name != "full" and not (m.name == "fedstale" and m.get("beta") != 0.7)]
+
+
+def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                     device: str = "cpu") -> list[RunConfig]:
+    """The variance-term probe runs (Theorem 2): `convergence_methods` x the profile's gammas x
+    its first seed, with `Diagnostics(probe_every=profile.probe_every)` (every client's true
+    update and the aggregation's mean squared error to sum_i d_i g_i on every probe round)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
+    return grid(dataset, convergence_methods(dataset), prof, gammas=prof.gammas, seeds=first, device=device,
+                diagnostics=Diagnostics(probe_every=prof.probe_every))
+
+
+def alignment_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                   device: str = "cpu") -> list[RunConfig]:
+    """The alignment probe runs: FedSteer (the data set's |X| and lambda) x the profile's gammas
+    x its first `ablation_seeds` seeds, probing every `probe_every` rounds (cos of stale and of
+    steered estimates against the true updates)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    dd = DATASET_DEFAULTS[dataset]
+    few = (tuple(seeds) if seeds is not None else prof.seeds)[: prof.ablation_seeds]
+    return grid(dataset, [method("fedsteer", core_size=dd["core_size"], lam=dd["lam"])], prof, seeds=few,
+                device=device, diagnostics=Diagnostics(probe_every=prof.probe_every))
+
+
+TRACKED_CLIENTS: tuple[int, ...] = (5, 55, 95)  # the clients of the paper's Fig. 8
+
+
+def stability_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                   device: str = "cpu") -> dict[str, RunConfig]:
+    """The coordinate-stability runs (Fig. 8): FedSteer with enforce=5 (refresh_every=5) for
+    lambda in {0, 0.5} x |X| in {10, 40}, at the profile's largest gamma and first seed, with
+    the coordinates of clients 5, 55 and 95 recorded every round. Keys name the settings."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
+    settings = {f"λ={lam}, |X|={k}": method("fedsteer", core_size=k, lam=lam, refresh_every=5)
+                for lam in (0.0, 0.5) for k in (10, 40)}
+    configs = grid(dataset, list(settings.values()), prof, gammas=[max(prof.gammas)], seeds=first, device=device,
+                   diagnostics=Diagnostics(track_coords=TRACKED_CLIENTS))
+    return dict(zip(settings, configs))
+
+
+def _tuning(dataset: str, profile: str | Profile, device: str) -> dict[str, list[RunConfig]]:
+    """The FedAvg-only tuning of the training settings (validation split); paper profile only."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    return {"tuning": tuning_configs(dataset, device=device)} if prof.name == "paper" else {}
+
+
+# Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
+# chapters show the runs that are cached and say how many are missing; `make book` never
+# computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
+IN_PROGRESS: frozenset[str] = frozenset({"framework_conventions", "regime_map"})
+
+
+# What `--what` selects: each entry returns {group name: configs}.
+GROUP_SETS: dict[str, Callable[[str, str | Profile, str], dict[str, list[RunConfig]]]] = {
+    "main": lambda d, p, dev: {"main": paper_grid(d, p, dev)},
+    "ablations": lambda d, p, dev: ablation_grid(d, p, dev),
+    "conventions": lambda d, p, dev: {"framework_conventions": framework_grid(d, p, dev)},
+    "regimes": lambda d, p, dev: {"regime_map": regime_grid(d, p, dev)},
+    "diagnostics": lambda d, p, dev: {
+        "alignment_probes": alignment_grid(d, p, device=dev),
+        "convergence_probes": convergence_grid(d, p, device=dev),
+        "coordinate_stability": list(stability_grid(d, p, device=dev).values())},
+    "tuning": _tuning,
+}
+
+
+def run_groups(dataset: str, profile: str | Profile, device: str = "cpu", what: str = "all") -> dict[str, list[RunConfig]]:
+    """Every run group of `what` ("all" or a key of GROUP_SETS), by name."""
+    keys = list(GROUP_SETS) if what == "all" else [what]
+    out: dict[str, list[RunConfig]] = {}
+    for key in keys:
+        out.update(GROUP_SETS[key](dataset, profile, device))
+    return out

@@ -1,0 +1,174 @@
+"""The one registry of methods: everything that names a method comes from here.
+
+For every method: its `Strategy` class, its parameters (default, allowed values, and whether
+it was added after results were first cached), its display name and colour. For the book:
+the named rows ("roles") of Table 1 and of the conventions table, each a method with some
+parameters fixed. Adding a method is one `MethodInfo` entry in `METHODS` below (plus its
+`Strategy` class and its test); config validation, result keys, run tables, display names,
+colours and the sweep's CLI all read it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..fedsteer import FedSteer
+from ..simulator.baselines import (FedAvg, FedAvgUnbiased, FedProx, FedStale, FedVARP, FullParticipation, MIFA,
+                                   Scaffold)
+from ..strategy import Strategy
+
+__all__ = ["Param", "MethodInfo", "METHODS", "Role", "ROLES", "TABLE1_ROLES", "FRAMEWORK_ROLES", "role_of",
+           "display_name", "colour", "make_strategy", "ORDERINGS", "SELECTIONS", "WEIGHTINGS", "MIFA_STARTS"]
+
+ORDERINGS = ("unbiased", "as_written")
+SELECTIONS = ("greedy", "random")
+# How FedAvg-style rules weight the active clients: "normalized" = sum_A d_i g_i / sum_A d_i (the
+# FedProx / NIID-Bench convention), "unbiased" = sum_A (d_i / p_i) g_i (the FedStale code base's).
+WEIGHTINGS = ("normalized", "unbiased")
+MIFA_STARTS = ("zero", "wait_all")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A method parameter. `ok(value, num_clients)` says whether a value is allowed and
+    `allowed` says so in words; `late`: added after results were cached, so it is left out
+    of a run's key while at its default (earlier results keep their names)."""
+
+    default: Any
+    ok: Callable[[Any, int], bool]
+    allowed: str
+    late: bool = False
+
+
+def _one_of(values: tuple, default: Any, late: bool = False) -> Param:
+    return Param(default, lambda v, n: v in values, f"one of {values}", late)
+
+
+def _int(default: int, low: int = 0, late: bool = False) -> Param:
+    return Param(default, lambda v, n: isinstance(v, int) and not isinstance(v, bool) and v >= low,
+                 f"an integer >= {low}", late)
+
+
+def _real(default: float, low: float = 0.0, high: float | None = None) -> Param:
+    allowed = f"in [{low:g}, {high:g}]" if high is not None else f">= {low:g}"
+    return Param(default, lambda v, n: isinstance(v, (int, float)) and low <= v and (high is None or v <= high), allowed)
+
+
+_CORE = Param(40, lambda v, n: isinstance(v, int) and 1 <= v <= n, "an integer in [1, num_clients]")
+_SUBSAMPLE = Param(0, lambda v, n: isinstance(v, int) and (v == 0 or 1 <= v <= n), "0 (off) or an integer in [1, num_clients]")
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    name: str
+    strategy: type[Strategy]
+    display: str
+    colour: str
+    params: Mapping[str, Param] = field(default_factory=dict)
+    summary: str = ""
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {k: p.default for k, p in self.params.items()}
+
+
+# Colours: FedSteer, FedAvg and full participation stand out; the other baselines are muted.
+METHODS: dict[str, MethodInfo] = {m.name: m for m in [
+    MethodInfo("fedavg", FedAvg, "FedAvg", "#0072B2",
+               summary="normalised average of the active clients (the tables' FedAvg)"),
+    MethodInfo("fedavg_unbiased", FedAvgUnbiased, "FedAvg (unbiased)", "#56B4E9",
+               summary="sum over the active clients of d_i / p_i g_i"),
+    MethodInfo("fedvarp", FedVARP, "FedVARP", "#009E73", {"warmup_cycles": _int(0)},
+               summary="SAGA-like control variate from every client's last update; warm-up > 0: fair start"),
+    MethodInfo("fedstale", FedStale, "FedStale", "#E69F00", {"beta": _real(0.7, 0.0, 1.0)},
+               summary="FedVARP with the stale part down-weighted by beta"),
+    MethodInfo("mifa", MIFA, "MIFA", "#CC79A7",
+               {"warmup_cycles": _int(0), "start": _one_of(MIFA_STARTS, "zero", late=True)},
+               summary="average of every client's last update; start=wait_all: MIFA's fdu.py"),
+    MethodInfo("scaffold", Scaffold, "SCAFFOLD", "#999999", {"weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
+               summary="control variates c, c_i correct the local steps"),
+    MethodInfo("fedprox", FedProx, "FedProx", "#8C6D31",
+               {"mu": _real(0.1), "weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
+               summary="proximal term (mu/2)||w - w_t||^2 in the local objective"),
+    MethodInfo("full", FullParticipation, "Full participation", "#000000",
+               summary="every client every round (the upper bound)"),
+    MethodInfo("fedsteer", FedSteer, "FedSteer", "#D55E00", {
+        "core_size": _CORE, "lam": _real(0.5), "refresh_every": _int(1, low=1),
+        "ordering": _one_of(ORDERINGS, "unbiased"), "warmup_cycles": _int(5), "max_swaps": _int(5),
+        "subsample": _SUBSAMPLE, "selection": _one_of(SELECTIONS, "greedy"), "enforce_every": _int(0, late=True)},
+        summary="corrective projections onto the core set's subspace (Eq. 4)"),
+]}
+
+
+@dataclass(frozen=True)
+class Role:
+    """A named row of a results table: a method with some parameters `fixed`; the parameters in
+    `free` may take any value (FedStale's beta, FedSteer's warm-up length); every other
+    parameter must be at its default, FedSteer's |X| and lambda at the data set's."""
+
+    key: str
+    display: str
+    method: str
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    free: tuple[str, ...] = ()
+    colour: str | None = None
+
+    def matches(self, name: str, params: Mapping[str, Any], dataset_defaults: Mapping[str, Any] | None = None) -> bool:
+        if name != self.method:
+            return False
+        expected = {**METHODS[name].defaults, **(dataset_defaults or {}), **self.fixed}
+        return all(params.get(k, v) == v for k, v in expected.items() if k not in self.free)
+
+
+_STEER = ("warmup_cycles",)
+ROLES: dict[str, Role] = {r.key: r for r in [
+    Role("full", "Full participation", "full"),
+    Role("fedsteer", "FedSteer", "fedsteer", free=_STEER),
+    Role("fedsteer_enforce5", "FedSteer (enforce=5)", "fedsteer", {"refresh_every": 5}, _STEER, "#F0A04B"),
+    Role("fedavg", "FedAvg", "fedavg"),
+    Role("fedavg_unbiased", "FedAvg (unbiased)", "fedavg_unbiased"),
+    Role("fedvarp", "FedVARP", "fedvarp"),
+    Role("fedstale", "FedStale", "fedstale", free=("beta",)),
+    Role("mifa", "MIFA", "mifa"),
+    Role("scaffold", "SCAFFOLD", "scaffold"),
+    Role("fedprox", "FedProx", "fedprox"),
+    # the FedStale code base's conventions (the conventions table)
+    Role("fedsteer_as_written", "FedSteer (as written)", "fedsteer", {"ordering": "as_written"}, _STEER, "#A03C00"),
+    Role("fedprox_unbiased", "FedProx (unbiased)", "fedprox", {"weighting": "unbiased"}),
+    Role("scaffold_unbiased", "SCAFFOLD (unbiased)", "scaffold", {"weighting": "unbiased"}),
+    Role("mifa_wait_all", "MIFA (wait for all)", "mifa", {"start": "wait_all"}),
+]}
+# The rows of the paper's Table 1, in the book's order.
+TABLE1_ROLES: tuple[str, ...] = ("full", "fedsteer", "fedsteer_enforce5", "fedavg", "fedavg_unbiased", "fedvarp",
+                                 "fedstale", "mifa", "scaffold", "fedprox")
+# The same table in the FedStale code base's conventions (FedVARP and FedStale are the same in both).
+FRAMEWORK_ROLES: tuple[str, ...] = ("full", "fedsteer", "fedsteer_as_written", "fedavg_unbiased", "fedvarp",
+                                    "fedstale", "mifa_wait_all", "scaffold_unbiased", "fedprox_unbiased")
+
+
+def role_of(name: str, params: Mapping[str, Any], dataset_defaults: Mapping[str, Any] | None = None) -> str | None:
+    """The role (row key) of a run, from its method name and parameters; None for a variant
+    that is no row (e.g. FedVARP with a warm-up: the fair-start check)."""
+    for role in ROLES.values():
+        if role.matches(name, params, dataset_defaults):
+            return role.key
+    return None
+
+
+def display_name(key: str) -> str:
+    """The display name of a role or a method."""
+    return ROLES[key].display if key in ROLES else METHODS[key].display
+
+
+def colour(key: str) -> str:
+    """The colour of a role (its own, else its method's) or a method."""
+    if key in ROLES:
+        return ROLES[key].colour or METHODS[ROLES[key].method].colour
+    return METHODS[key].colour
+
+
+def make_strategy(spec) -> Strategy:
+    """The server strategy of a `MethodSpec` (e.g. `make_strategy(method("fedvarp"))`)."""
+    if spec.name not in METHODS:
+        raise ValueError(f"no strategy registered for method {spec.name!r}; known: {sorted(METHODS)}")
+    return METHODS[spec.name].strategy(spec)
