@@ -214,6 +214,8 @@ class Profile:
     probe_every: int  # diagnostics runs: rounds between probes
     ablation_seeds: int  # seeds used by the larger ablation grids (Fig. 5)
     coreset_sizes: tuple[int, ...]  # Fig. 5's |X| axis
+    regime_client_lrs: tuple[float, ...] = REGIME_GRID["client_lr"]  # the regime map's axes
+    regime_local_epochs: tuple[int, ...] = REGIME_GRID["local_epochs"]
 
 
 PROFILES: dict[str, Profile] = {
@@ -222,7 +224,7 @@ PROFILES: dict[str, Profile] = {
                      ablation_seeds=2, coreset_sizes=(10, 20, 40, 80)),
     "quick": Profile("quick", rounds=10, seeds=(0,), gammas=(0.9,), warmup_cycles=2,
                      eval_every=5, eval_last=2, results_dir=".cache/results-quick", probe_every=5,
-                     ablation_seeds=1, coreset_sizes=(5, 20)),
+                     ablation_seeds=1, coreset_sizes=(5, 20), regime_client_lrs=(0.03, 0.1), regime_local_epochs=(1,)),
 }
 
 

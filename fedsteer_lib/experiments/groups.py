@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_GRID, REGIME_SEEDS, Diagnostics, MethodSpec, Profile,
+from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, Diagnostics, MethodSpec, Profile,
                      RunConfig, framework_methods, get_profile, method, paper_methods, regime_methods)
 from .sweep import grid
 from .tuning import tuning_configs
@@ -51,15 +51,15 @@ def framework_grid(dataset: str = "fmnist", profile: str | Profile = "paper", de
 
 
 def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
-    """The regime map: client lr x local epochs (`config.REGIME_GRID`) at gamma = 0.9, on the
-    map's seeds (the profile's, where it has fewer). The cell of the frozen settings reuses
-    Table 1's runs (same keys)."""
+    """The regime map: client lr x local epochs (the profile's axes; the paper profile's are
+    `config.REGIME_GRID`) at gamma = 0.9, on the map's seeds (the profile's, where it has
+    fewer). The cell of the frozen settings reuses Table 1's runs (same keys)."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     seeds = [s for s in prof.seeds if s in REGIME_SEEDS] or list(prof.seeds[:1])
     gammas = [g for g in prof.gammas if g in REGIME_GAMMAS] or list(prof.gammas[-1:])
     configs = []
-    for lr in REGIME_GRID["client_lr"]:
-        for epochs in REGIME_GRID["local_epochs"]:
+    for lr in prof.regime_client_lrs:
+        for epochs in prof.regime_local_epochs:
             configs += grid(dataset, regime_methods(dataset), prof, gammas=gammas, seeds=seeds, device=device,
                             client_lr=lr, local_epochs=epochs)
     return configs

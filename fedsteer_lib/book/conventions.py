@@ -1,0 +1,157 @@
+"""Baseline conventions and regimes: Table 1 under two conventions, FedSteer's gains paired by
+seed, the regime map (client lr x local epochs) and the paper-calibrated cell.
+
+Rows are found from each run's method parameters (`experiments.registry.role_of`), never from
+its label. Every function takes the tidy runs table of `role_runs` (one row per run).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, RunConfig
+from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
+from ..experiments.results import has_run, runs_table
+
+__all__ = ["CONVENTION_PAIRS", "role_runs", "cached", "convention_table", "paired_gains", "regime_summary",
+           "regime_gains", "calibrated_cell"]
+
+# (row, today's normalised convention, the FedStale code base's convention)
+CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
+    ("FedAvg", "fedavg", "fedavg_unbiased"),
+    ("FedProx", "fedprox", "fedprox_unbiased"),
+    ("SCAFFOLD", "scaffold", "scaffold_unbiased"),
+    ("MIFA", "mifa", "mifa_wait_all"),
+    ("FedVARP", "fedvarp", "fedvarp"),
+    ("FedStale (best β)", "fedstale", "fedstale"),
+    ("FedSteer", "fedsteer", "fedsteer"),
+    ("FedSteer (as written)", "fedsteer_as_written", "fedsteer_as_written"),
+    ("Full participation", "full", "full"),
+)
+STEERS = ("fedsteer", "fedsteer_as_written")
+NON_BASELINES = ("full", "fedsteer", "fedsteer_enforce5", "fedsteer_as_written")
+
+
+def cached(configs: Iterable[RunConfig], root) -> tuple[list[RunConfig], int]:
+    """The configs whose results are cached, and how many are not."""
+    configs = list(configs)
+    have = [c for c in configs if has_run(c, root)]
+    return have, len(configs) - len(have)
+
+
+def role_runs(configs: Sequence[RunConfig], root) -> pd.DataFrame:
+    """The runs table with each run's role (table row), client lr, local epochs and beta; a run
+    that several groups share appears once."""
+    configs = list({c.key(): c for c in configs}.values())
+    table = runs_table(configs, root)
+    if table.empty:
+        return table.assign(role=[], client_lr=[], local_epochs=[], beta=[])
+    dd = {c.dataset: {k: v for k, v in DATASET_DEFAULTS[c.dataset].items() if k in ("core_size", "lam")} for c in configs}
+    table["role"] = [role_of(c.method.name, dict(c.method.params), dd[c.dataset]) for c in configs]
+    table["client_lr"] = [c.training.client_lr for c in configs]
+    table["local_epochs"] = [c.training.local_epochs for c in configs]
+    table["beta"] = [c.method.get("beta") if c.method.name == "fedstale" else np.nan for c in configs]
+    return table
+
+
+def _best_fedstale(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """FedStale's runs at the beta with the best mean (the paper's protocol), other roles as they are."""
+    stale = runs[runs["role"] == "fedstale"]
+    if stale.empty:
+        return runs
+    best_beta = stale.groupby("beta")[metric].mean().idxmax()
+    return runs[(runs["role"] != "fedstale") | (runs["beta"] == best_beta)]
+
+
+def _stats(values: pd.Series) -> dict:
+    v = values.dropna()
+    return {"mean": float(v.mean()) if len(v) else np.nan,
+            "std": float(v.std(ddof=1)) if len(v) > 1 else np.nan, "n": int(len(v))}
+
+
+def convention_table(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
+    """One row per (gamma, method) with the mean, std and n of `metric` under both conventions;
+    FedStale at its best beta per gamma and convention."""
+    rows = []
+    for gamma, at_gamma in runs.groupby("gamma"):
+        at_gamma = _best_fedstale(at_gamma, metric)
+        for name, normalised, framework in CONVENTION_PAIRS:
+            row = {"gamma": gamma, "method": name}
+            for conv, key in (("normalised", normalised), ("framework", framework)):
+                sel = at_gamma[at_gamma["role"] == key]
+                stats = _stats(sel[metric])
+                row.update({f"{conv}_{k}": v for k, v in stats.items()})
+                row[f"{conv}_collapsed"] = int(sel["collapsed"].sum()) if len(sel) else 0
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
+    """FedSteer's gain over the best baseline of each convention set (best by mean over seeds),
+    paired by seed: per (gamma, convention, FedSteer ordering) the mean and std of the per-seed
+    difference, its relative size and how many seeds FedSteer wins."""
+    sets = {"normalised": [r for r in TABLE1_ROLES if r not in NON_BASELINES],
+            "framework": [r for r in FRAMEWORK_ROLES if r not in NON_BASELINES]}
+    rows = []
+    for gamma, at_gamma in runs.groupby("gamma"):
+        at_gamma = _best_fedstale(at_gamma, metric)
+        per_seed = at_gamma.pivot_table(index="seed", columns="role", values=metric, aggfunc="first")
+        for conv, baselines in sets.items():
+            present = [b for b in baselines if b in per_seed]
+            if not present:
+                continue
+            best = per_seed[present].mean().idxmax()
+            for steer in STEERS:
+                if steer not in per_seed:
+                    continue
+                both = per_seed[[steer, best]].dropna()
+                diff = both[steer] - both[best]
+                rows.append({"gamma": gamma, "convention": conv, "fedsteer": display_name(steer),
+                             "best_baseline": display_name(best), "fedsteer_mean": float(both[steer].mean()),
+                             "baseline_mean": float(both[best].mean()), "gain": float(diff.mean()),
+                             "gain_std": float(diff.std(ddof=1)) if len(diff) > 1 else np.nan,
+                             "relative_gain": float(diff.mean() / both[best].mean()),
+                             "wins": int((diff > 0).sum()), "n": int(len(diff))})
+    return pd.DataFrame(rows)
+
+
+def regime_summary(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
+    """Per regime cell (client lr, local epochs) and role: mean, std and n of `metric`."""
+    g = runs.groupby(["client_lr", "local_epochs", "role"])[metric]
+    out = g.agg(mean="mean", n="count").reset_index()
+    out["std"] = g.std(ddof=1).values
+    return out
+
+
+def regime_gains(runs: pd.DataFrame, steer: str = "fedsteer", metric: str = "final_accuracy") -> pd.DataFrame:
+    """Per regime cell: FedSteer's (role `steer`) paired gain over the cell's best baseline (best
+    by mean among the cell's non-FedSteer roles), its std over seeds and n."""
+    rows = []
+    for (lr, epochs), cell in runs.groupby(["client_lr", "local_epochs"]):
+        per_seed = cell.pivot_table(index="seed", columns="role", values=metric, aggfunc="first")
+        baselines = [r for r in per_seed if r not in NON_BASELINES]
+        if steer not in per_seed or not baselines:
+            continue
+        best = per_seed[baselines].mean().idxmax()
+        both = per_seed[[steer, best]].dropna()
+        diff = both[steer] - both[best]
+        rows.append({"client_lr": lr, "local_epochs": epochs, "best_baseline": display_name(best),
+                     "gain": float(diff.mean()), "gain_std": float(diff.std(ddof=1)) if len(diff) > 1 else np.nan,
+                     "relative_gain": float(diff.mean() / both[best].mean()), "n": int(len(diff))})
+    return pd.DataFrame(rows)
+
+
+def calibrated_cell(summary: pd.DataFrame) -> dict | None:
+    """The rule of `config.CALIBRATION_TARGET`, applied to a `regime_summary`: the cell whose
+    unbiased FedAvg has the mean closest to the paper's FedAvg; ties: smaller lr, then fewer
+    epochs. None when no cell has that method yet."""
+    target = CALIBRATION_TARGET
+    fedavg = summary[summary["role"] == target["method"]].copy()
+    if fedavg.empty:
+        return None
+    fedavg["distance"] = (fedavg["mean"] - target["paper_accuracy"]).abs()
+    best = fedavg.sort_values(["distance", "client_lr", "local_epochs"]).iloc[0]
+    return {"client_lr": float(best["client_lr"]), "local_epochs": int(best["local_epochs"]),
+            "fedavg_unbiased": float(best["mean"]), "n": int(best["n"]), "paper": target["paper_accuracy"]}
