@@ -18,7 +18,8 @@ from .config import DATASET_DEFAULTS, PROFILES
 
 
 def _sweep_configs(args) -> dict[str, list]:
-    from .sweep import ablation_grid, framework_grid, paper_grid, regime_grid
+    from .sweep import (ablation_grid, alignment_grid, convergence_grid, framework_grid, paper_grid, regime_grid,
+                        stability_grid)
 
     groups: dict[str, list] = {}
     if args.what in ("main", "all"):
@@ -30,8 +31,6 @@ def _sweep_configs(args) -> dict[str, list]:
     if args.what in ("regimes", "all"):
         groups["regime_map"] = regime_grid(args.dataset, args.profile, args.device)
     if args.what in ("diagnostics", "all"):
-        from .diagnostics import alignment_grid, convergence_grid, stability_grid
-
         groups["alignment_probes"] = alignment_grid(args.dataset, args.profile, device=args.device)
         groups["convergence_probes"] = convergence_grid(args.dataset, args.profile, device=args.device)
         groups["coordinate_stability"] = list(stability_grid(args.dataset, args.profile, device=args.device).values())
@@ -82,10 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
 
-    from .book import results_root
     from .data import DatasetNotFoundError, load_dataset
     from .results import RESULTS_DIR
-    from .sweep import complete_seeds, missing, run_grid
+    from .sweep import complete_seeds, missing, results_root, run_grid
 
     if args.command in ("tune", "sweep"):  # fail before any work, with the message that says how to get the data
         try:

@@ -22,7 +22,17 @@ from .engine import SimData, prepare, run
 from .results import has_run, save_run
 
 __all__ = ["grid", "run_grid", "paper_grid", "ablation_grid", "framework_grid", "regime_grid", "missing",
-           "complete_seeds"]
+           "complete_seeds", "results_root", "convergence_methods", "convergence_grid", "alignment_grid",
+           "TRACKED_CLIENTS", "stability_grid"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def results_root(profile: str | Profile) -> Path:
+    """The results cache of a profile (`paper`: data/results, committed; `quick`: .cache/, not committed)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    env = os.environ.get("FEDSTEER_RESULTS")
+    return Path(env) if env and prof.name == "paper" else REPO_ROOT / prof.results_dir
 
 
 def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "paper", *,
@@ -94,6 +104,54 @@ def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", devic
             configs += grid(dataset, regime_methods(dataset), prof, gammas=gammas, seeds=seeds, device=device,
                             client_lr=lr, local_epochs=epochs)
     return configs
+
+
+# The diagnostics runs (probes and tracked coordinates) of the book's chapters 2, 5 and 8.
+def alignment_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                   device: str = "cpu") -> list[RunConfig]:
+    """Chapter 2's probe runs: FedSteer (the data set's |X| and lambda) x the profile's gammas x
+    its first `ablation_seeds` seeds, probing every `probe_every` rounds (cos of stale and of
+    steered estimates against the true updates)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    dd = DATASET_DEFAULTS[dataset]
+    few = (tuple(seeds) if seeds is not None else prof.seeds)[: prof.ablation_seeds]
+    return grid(dataset, [method("fedsteer", core_size=dd["core_size"], lam=dd["lam"])], prof, seeds=few,
+                device=device, diagnostics=Diagnostics(probe_every=prof.probe_every))
+
+
+def convergence_methods(dataset: str) -> list[MethodSpec]:
+    """Chapter 5's methods: `config.paper_methods` without full participation (its partial-
+    update variance is 0 by construction, p_i = 1) and with FedStale at beta = 0.7 only."""
+    return [m for m in paper_methods(dataset)
+            if m.name != "full" and not (m.name == "fedstale" and m.get("beta") != 0.7)]
+
+
+def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                     device: str = "cpu") -> list[RunConfig]:
+    """Chapter 5's probe runs: `convergence_methods` x the profile's gammas x its first seed,
+    with `Diagnostics(probe_every=profile.probe_every)` (every client's true update and the
+    aggregation's mean squared error to sum_i d_i g_i on every probe round)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
+    return grid(dataset, convergence_methods(dataset), prof, gammas=prof.gammas, seeds=first, device=device,
+                diagnostics=Diagnostics(probe_every=prof.probe_every))
+
+
+TRACKED_CLIENTS: tuple[int, ...] = (5, 55, 95)  # the clients of the paper's Fig. 8
+
+
+def stability_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
+                   device: str = "cpu") -> dict[str, RunConfig]:
+    """Chapter 8's runs (Fig. 8): FedSteer with enforce=5 (refresh_every=5) for
+    lambda in {0, 0.5} x |X| in {10, 40}, at the profile's largest gamma and first seed, with
+    the coordinates of clients 5, 55 and 95 recorded every round. Keys name the settings."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
+    settings = {f"λ={lam}, |X|={k}": method("fedsteer", core_size=k, lam=lam, refresh_every=5)
+                for lam in (0.0, 0.5) for k in (10, 40)}
+    configs = grid(dataset, list(settings.values()), prof, gammas=[max(prof.gammas)], seeds=first, device=device,
+                   diagnostics=Diagnostics(track_coords=TRACKED_CLIENTS))
+    return dict(zip(settings, configs))
 
 
 def missing(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> list[RunConfig]:
