@@ -1,5 +1,6 @@
 """The sweep runner: results are written atomically; a sweep killed with SIGKILL and restarted
-loses no finished run and gives the same table as one that was never interrupted."""
+loses no finished run and gives the same table as one that was never interrupted. Also the run
+groups of the diagnostics chapters (`convergence_grid`, `stability_grid`)."""
 import json
 import os
 import signal
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from fedsteer_lib.book.methods import label_without_warmup
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
+from fedsteer_lib.experiments.groups import convergence_grid, stability_grid
 from fedsteer_lib.experiments.results import runs_table
 
 SCRIPT = textwrap.dedent("""
@@ -99,3 +102,25 @@ def test_committed_results_cover_the_whole_fashion_mnist_paper_grid():
         else:
             assert cached == total, out
     assert "(every run cached: make book renders from the cache, computing nothing)" in out, out
+
+
+# --- the diagnostics run groups of chapters 5 and 8 ----------------------------------------------
+def test_convergence_grid_is_every_table_1_method_with_probes():
+    configs = convergence_grid("fmnist", "quick")
+    labels = [label_without_warmup(c.method) for c in configs]
+    assert labels == ["fedavg", "fedavg_unbiased", "fedvarp", "fedstale", "scaffold", "mifa", "fedprox", "fedsteer",
+                      "fedsteer(refresh_every=5)"]
+    assert all(c.diagnostics.probe_every == 5 and c.training.rounds == 10 and c.seed == 0 for c in configs)
+    assert [c.method.get("beta") for c in configs if c.method.name == "fedstale"] == [0.7]
+    paper = convergence_grid("fmnist", "paper", seeds=[3, 4])
+    assert len(paper) == 2 * 9 and {c.system.gamma for c in paper} == {0.7, 0.9} and {c.seed for c in paper} == {3}
+    assert all(c.diagnostics.probe_every == 10 for c in paper)
+
+
+def test_stability_grid_is_fig_8():
+    configs = stability_grid("fmnist", "paper")
+    assert list(configs) == ["λ=0.0, |X|=10", "λ=0.0, |X|=40", "λ=0.5, |X|=10", "λ=0.5, |X|=40"]
+    for name, c in configs.items():
+        assert c.method.get("refresh_every") == 5 and c.system.gamma == 0.9 and c.seed == 0
+        assert c.diagnostics.track_coords == (5, 55, 95) and c.training.rounds == 150
+        assert name == f"λ={c.method.get('lam')}, |X|={c.method.get('core_size')}"

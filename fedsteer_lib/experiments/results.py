@@ -19,10 +19,11 @@ from typing import Any, Iterable
 import pandas as pd
 import torch
 
-from .config import Profile, RunConfig, get_profile
 from ..simulator.engine import RunResult
+from .config import METHODS, MethodSpec, Profile, RunConfig, get_profile
 
-__all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "save_run", "load_run", "provenance", "runs_table", "history_table", "load_runs"]
+__all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "save_run", "load_run", "provenance", "runs_table",
+           "history_table", "load_runs", "METHOD_PARAMETERS", "method_columns"]
 
 RESULTS_DIR = Path(os.environ.get("FEDSTEER_RESULTS", Path(__file__).resolve().parents[2] / "data" / "results"))
 
@@ -109,14 +110,40 @@ def load_runs(configs: Iterable[RunConfig], root: str | os.PathLike | None = Non
     return [load_run(c, root) for c in configs]
 
 
+# Every parameter of any method (`config.METHODS`), in the order they first appear there: the
+# tables below carry one column per parameter, so that a run's method is read from columns, never
+# parsed back from its label.
+METHOD_PARAMETERS: tuple[str, ...] = tuple(dict.fromkeys(k for params in METHODS.values() for k in params))
+
+
+def method_columns(spec: MethodSpec) -> dict[str, Any]:
+    """One entry per `METHOD_PARAMETERS`: the method's value (its default where the spec omits
+    it), None for a parameter the method does not have."""
+    own = METHODS[spec.name]
+    return {k: spec.get(k) if k in own else None for k in METHOD_PARAMETERS}
+
+
 def _row(config: RunConfig) -> dict[str, Any]:
     return {"dataset": config.dataset, "method": config.method.name, "label": config.method.label,
             "gamma": config.system.gamma, "seed": config.seed, "rounds": config.training.rounds, "key": config.key()}
 
 
+def _with_method_columns(table: pd.DataFrame, specs: list[MethodSpec]) -> pd.DataFrame:
+    """`table` plus one object column per `METHOD_PARAMETERS` (row i from specs[i]); object
+    dtype keeps each value as the config holds it (10 stays 10, not 10.0 next to a None)."""
+    clash = set(METHOD_PARAMETERS) & set(table.columns)
+    if clash:
+        raise ValueError(f"method parameter names clash with the table's columns: {sorted(clash)}")
+    values = [method_columns(s) for s in specs]
+    for k in METHOD_PARAMETERS:
+        table[k] = pd.Series([v[k] for v in values], index=table.index, dtype=object)
+    return table
+
+
 def runs_table(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> pd.DataFrame:
-    """One tidy row per finished run: identifying columns plus the summary numbers."""
-    rows = []
+    """One tidy row per finished run: identifying columns, the summary numbers, and one column per
+    method parameter (`METHOD_PARAMETERS`; None where the run's method does not have it)."""
+    rows, specs = [], []
     for c in configs:
         payload = load_run(c, root)
         s = payload["summary"]
@@ -124,15 +151,20 @@ def runs_table(configs: Iterable[RunConfig], root: str | os.PathLike | None = No
                      "final_loss": s["final_loss"], "collapsed": s["collapsed"], "collapse_round": s["collapse_round"],
                      "server_memory_bytes": s["server_memory_bytes"], "wall_time": s["wall_time"],
                      "device": payload["provenance"]["device"]})
-    return pd.DataFrame(rows)
+        specs.append(c.method)
+    return _with_method_columns(pd.DataFrame(rows), specs)
 
 
 def history_table(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> pd.DataFrame:
-    """One tidy row per (run, round): the accuracy curves."""
-    frames = []
+    """One tidy row per (run, round): the accuracy curves, with the identifying and method
+    parameter columns of `runs_table`."""
+    frames, specs = [], []
     for c in configs:
         h = pd.DataFrame(load_run(c, root)["history"])
         for k, v in _row(c).items():
             h[k] = v
         frames.append(h)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        specs += [c.method] * len(h)
+    if not frames:
+        return pd.DataFrame()
+    return _with_method_columns(pd.concat(frames, ignore_index=True), specs)

@@ -1,5 +1,6 @@
-"""Diagnostics behind chapters 4, 5 and 8: J on Gram matrices, selection comparisons, the
-server-memory table, probe summaries and coordinate-stability measures."""
+"""The measurements of chapters 4, 5 and 8 (fedsteer_lib.book.selection, server_memory, variance,
+coordinates): J on Gram matrices, selection comparisons, the server-memory table, probe summaries
+and coordinate-stability measures."""
 import math
 
 import numpy as np
@@ -7,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from fedsteer_lib import diagnostics as dg
+from fedsteer_lib.book import coordinates, selection, server_memory, variance
+from fedsteer_lib.book.methods import label_without_warmup
 from fedsteer_lib.config import Diagnostics, FLSystem, RunConfig, Training, method
 from fedsteer_lib.coreset import SwapTrace, exhaustive_best, greedy_swap, objective
 from fedsteer_lib.engine import RunResult, prepare, run
@@ -19,7 +21,7 @@ from helpers import clustered
 def test_gram_factor_reproduces_the_gram_matrix_and_the_greedy_search():
     grads, weights = clustered(25, 8, 3, seed=0, noise=0.3)  # d < N: rank-deficient Gram matrix
     gram = grads @ grads.T
-    factor = dg.gram_factor(gram)
+    factor = selection.gram_factor(gram)
     assert torch.allclose(factor @ factor.T, gram, atol=1e-9 * float(gram.abs().max()))
     t1, t2 = SwapTrace(), SwapTrace()
     a = greedy_swap(grads, 4, weights, 0.5, max_swaps=6, seed=3, trace=t1)
@@ -27,24 +29,24 @@ def test_gram_factor_reproduces_the_gram_matrix_and_the_greedy_search():
     assert a == b
     assert np.allclose(t1, t2, rtol=1e-9)
     with pytest.raises(ValueError, match="square"):
-        dg.gram_factor(torch.zeros(3, 4))
+        selection.gram_factor(torch.zeros(3, 4))
 
 
 def test_relative_objective_is_a_fraction_of_the_energy():
     grads, weights = clustered(6, 20, 2, seed=1, noise=0.3)
     gram = grads @ grads.T
-    assert dg.total_energy(gram, weights) == pytest.approx(float((weights * (grads**2).sum(1)).sum()))
+    assert selection.total_energy(gram, weights) == pytest.approx(float((weights * (grads**2).sum(1)).sum()))
     # every client in the core, no regularisation: everything is reconstructed
-    assert dg.relative_objective(gram, list(range(6)), weights, 0.0) == pytest.approx(0.0, abs=1e-9)
-    rel = dg.relative_objective(gram, [0, 1], weights, 0.5)
+    assert selection.relative_objective(gram, list(range(6)), weights, 0.0) == pytest.approx(0.0, abs=1e-9)
+    rel = selection.relative_objective(gram, [0, 1], weights, 0.5)
     assert 0.0 < rel < 1.0
-    assert rel == pytest.approx(objective(grads, [0, 1], weights, 0.5) / dg.total_energy(gram, weights), rel=1e-9)
-    rand = dg.random_core_objectives(gram, weights, 2, 0.5, draws=5)
+    assert rel == pytest.approx(objective(grads, [0, 1], weights, 0.5) / selection.total_energy(gram, weights), rel=1e-9)
+    rand = selection.random_core_objectives(gram, weights, 2, 0.5, draws=5)
     assert rand.shape == (5,) and ((rand > 0) & (rand < 1)).all()
 
 
 def test_swap_trace_table_counts_steps_across_cycles():
-    table = dg.swap_trace_table([[4.0, 3.0, 2.5], [3.0, 2.0]], energies=[10.0, 5.0])
+    table = selection.swap_trace_table([[4.0, 3.0, 2.5], [3.0, 2.0]], energies=[10.0, 5.0])
     assert table["cycle"].tolist() == [0, 0, 0, 1, 1]
     assert table["swap"].tolist() == [0, 1, 2, 0, 1]
     assert table["step"].tolist() == [0, 1, 2, 3, 4]
@@ -55,7 +57,7 @@ def test_selection_comparison_rules():
     grads, weights = clustered(30, 40, 5, seed=2, noise=0.3)
     gram = grads @ grads.T
     grams = [gram, gram * 1.1]
-    df = dg.selection_comparison(grams, weights, 4, 0.5, draws=3, max_swaps=2, n_sub=30, seed=0)
+    df = selection.selection_comparison(grams, weights, 4, 0.5, draws=3, max_swaps=2, n_sub=30, seed=0)
     assert set(df["selection"]) == {"random", "greedy", "subsampled", "greedy (converged)"}
     wide = df.pivot_table(index="draw", columns="selection", values="J")
     # all 30 clients as candidates: the subsampled search is the full search
@@ -64,17 +66,17 @@ def test_selection_comparison_rules():
     assert (wide["greedy (converged)"] <= wide["greedy"] + 1e-12).all()
     assert (df.loc[df["selection"] == "greedy", "swaps"] <= 2 * 2).all()
     assert (df.loc[df["selection"] == "random", "swaps"] == 0).all()
-    small = dg.selection_comparison(grams, weights, 4, 0.5, draws=3, max_swaps=2, n_sub=5, converged=False, seed=0)
+    small = selection.selection_comparison(grams, weights, 4, 0.5, draws=3, max_swaps=2, n_sub=5, converged=False, seed=0)
     assert "greedy (converged)" not in set(small["selection"])
     assert np.allclose(small.query("selection == 'random'")["J"], wide["random"])  # same initial cores
     with pytest.raises(ValueError, match="core size"):
-        dg.selection_comparison(grams, weights, 31, 0.5)
+        selection.selection_comparison(grams, weights, 31, 0.5)
 
 
 def test_exhaustive_comparison_against_brute_force():
     grads, weights = clustered(20, 15, 4, seed=3, noise=0.3)
     gram = grads @ grads.T
-    df = dg.exhaustive_comparison(gram, weights, n=8, k=2, lam=0.5, instances=6, seed=1)
+    df = selection.exhaustive_comparison(gram, weights, n=8, k=2, lam=0.5, instances=6, seed=1)
     assert len(df) == 6
     for _, row in df.iterrows():
         ids = torch.tensor(row["clients"])
@@ -86,7 +88,7 @@ def test_exhaustive_comparison_against_brute_force():
         assert row["hit"] == (row["gap"] <= 1e-9)
     big, big_w = clustered(30, 10, 3, seed=4, noise=0.3)
     with pytest.raises(ValueError, match="too many"):
-        dg.exhaustive_comparison(big @ big.T, big_w, n=30, k=8)  # C(30, 8) > 200,000
+        selection.exhaustive_comparison(big @ big.T, big_w, n=30, k=8)  # C(30, 8) > 200,000
 
 
 @pytest.mark.parametrize("spec,k", [(method("fedsteer", core_size=3), 3), (method("fedsteer", core_size=7), 7),
@@ -94,14 +96,14 @@ def test_exhaustive_comparison_against_brute_force():
                                     (method("scaffold"), None), (method("fedavg"), None)])
 def test_state_bytes_measured_on_meta_equal_real_tensors_and_the_formula(spec, k):
     n, d = 12, 50
-    meta = dg.state_bytes(spec, n, d)
-    assert meta == dg.state_bytes(spec, n, d, device="cpu")  # meta tensors: same shapes and dtypes
-    assert meta == dg.memory_formula(spec.name, n, d, k)
+    meta = server_memory.state_bytes(spec, n, d)
+    assert meta == server_memory.state_bytes(spec, n, d, device="cpu")  # meta tensors: same shapes and dtypes
+    assert meta == server_memory.memory_formula(spec.name, n, d, k)
 
 
 def test_server_memory_table_checks_the_ten_times_claim():
     specs = [method("fedsteer", core_size=10), method("fedvarp"), method("scaffold")]
-    table = dg.server_memory_table(specs, [100, 10_000], {"big": 1_600_000})
+    table = server_memory.server_memory_table(specs, [100, 10_000], {"big": 1_600_000})
     assert len(table) == 6
     assert (table["bytes"] == table["formula_bytes"]).all()
     row = table.query("N == 100 and method == 'fedsteer'").iloc[0]
@@ -112,36 +114,16 @@ def test_server_memory_table_checks_the_ten_times_claim():
     assert steer[10_000] < 1.02 * steer[100]  # O(N k + k d), dominated by k d
     assert row["label"] == "FedSteer (|X|=10)"
     with pytest.raises(ValueError, match="core size"):
-        dg.memory_formula("fedsteer", 10, 10)
+        server_memory.memory_formula("fedsteer", 10, 10)
 
 
 # --- chapter 5 ---------------------------------------------------------------------------------
-def test_short_label_drops_only_the_warmup_length():
-    assert dg.short_label("fedsteer(refresh_every=5, warmup_cycles=2)") == "fedsteer(refresh_every=5)"
-    assert dg.short_label("fedsteer(warmup_cycles=2)") == "fedsteer"
-    assert dg.short_label("fedstale(beta=0.5)") == "fedstale(beta=0.5)"
-    assert dg.short_label("fedavg") == "fedavg"
-
-
-def test_convergence_grid_is_every_table_1_method_with_probes():
-    configs = dg.convergence_grid("fmnist", "quick")
-    labels = [dg.short_label(c.method.label) for c in configs]
-    assert labels == ["fedavg", "fedavg_unbiased", "fedvarp", "fedstale", "scaffold", "mifa", "fedprox", "fedsteer",
-                      "fedsteer(refresh_every=5)"]
-    assert all(c.diagnostics.probe_every == 5 and c.training.rounds == 10 and c.seed == 0 for c in configs)
-    assert [c.method.get("beta") for c in configs if c.method.name == "fedstale"] == [0.7]
-    paper = dg.convergence_grid("fmnist", "paper", seeds=[3, 4])
-    assert len(paper) == 2 * 9 and {c.system.gamma for c in paper} == {0.7, 0.9} and {c.seed for c in paper} == {3}
-    assert all(c.diagnostics.probe_every == 10 for c in paper)
-
-
-def test_stability_grid_is_fig_8():
-    configs = dg.stability_grid("fmnist", "paper")
-    assert list(configs) == ["λ=0.0, |X|=10", "λ=0.0, |X|=40", "λ=0.5, |X|=10", "λ=0.5, |X|=40"]
-    for name, c in configs.items():
-        assert c.method.get("refresh_every") == 5 and c.system.gamma == 0.9 and c.seed == 0
-        assert c.diagnostics.track_coords == (5, 55, 95) and c.training.rounds == 150
-        assert name == f"λ={c.method.get('lam')}, |X|={c.method.get('core_size')}"
+def test_label_without_warmup_drops_only_the_warmup_length():
+    assert label_without_warmup(method("fedsteer", refresh_every=5, warmup_cycles=2)) == "fedsteer(refresh_every=5)"
+    assert label_without_warmup(method("fedsteer", warmup_cycles=2)) == "fedsteer"
+    assert label_without_warmup(method("fedvarp", warmup_cycles=5)) == "fedvarp"
+    assert label_without_warmup(method("fedstale", beta=0.5)) == "fedstale(beta=0.5)"
+    assert label_without_warmup(method("fedavg")) == "fedavg"
 
 
 def _fake_probe_run(root, spec, gamma, rows, collapsed=False):
@@ -162,13 +144,13 @@ def test_probe_table_and_time_average(tmp_path):
     b = _fake_probe_run(tmp_path, method("fedsteer", warmup_cycles=2), 0.9,
                         {0: (1.0, 0.5, 0.5, float("nan")), 5: (2.0, 1.0, 1.0, float("nan"))})
     c = _fake_probe_run(tmp_path, method("fedavg"), 0.7, {0: (9.0, 9.0, 0.0, float("nan"))}, collapsed=True)
-    table = dg.probe_table([a, b, c], tmp_path)
+    table = variance.variance_probe_table([a, b, c], tmp_path)
     assert len(table) == 5  # only the client = -1 rows
     assert set(table["label"]) == {"fedvarp", "fedsteer", "fedavg"}  # warm-up length dropped
     assert table["exact_variance"].isna().sum() == 3  # stored as null, read back as NaN
     assert table["bias_sq"].tolist() == pytest.approx([0.0, 0.0, 0.5, 1.0, 0.0])
     assert table["relative_mse"].iloc[0] == pytest.approx(1.0)  # 4 / 2^2
-    summary = dg.variance_term_summary(table).set_index(["gamma", "label"])
+    summary = variance.variance_term_summary(table).set_index(["gamma", "label"])
     assert summary.loc[(0.9, "fedvarp"), "term"] == pytest.approx(3.0)
     assert summary.loc[(0.9, "fedsteer"), "term"] == pytest.approx(1.5)
     assert summary.loc[(0.9, "fedsteer"), "rank"] == 1 and summary.loc[(0.9, "fedvarp"), "rank"] == 2
@@ -178,24 +160,24 @@ def test_probe_table_and_time_average(tmp_path):
     no_probes = RunConfig(method=method("mifa"), training=Training(rounds=3)).validate()
     save_run(RunResult(config=no_probes.to_dict(), history=[], summary={"collapsed": False}, extras={}), no_probes, tmp_path)
     with pytest.raises(ValueError, match="no probes"):
-        dg.probe_table([no_probes], tmp_path)
+        variance.variance_probe_table([no_probes], tmp_path)
 
 
 # --- chapter 8 ---------------------------------------------------------------------------------
 def test_refresh_rounds_follow_the_enforce_rule():
     participation = [[1], [1, 2], [], [1], [], [], [1], [1], [2]]
-    assert dg.refresh_rounds(participation, 1, 5) == [0, 6]
-    assert dg.refresh_rounds(participation, 1, 1) == [0, 1, 3, 6, 7]
-    assert dg.refresh_rounds(participation, 2, 5) == [1, 8]
-    assert dg.refresh_rounds(participation, 2, 8) == [1]
-    assert dg.refresh_rounds(participation, 3, 5) == []
+    assert coordinates.refresh_rounds(participation, 1, 5) == [0, 6]
+    assert coordinates.refresh_rounds(participation, 1, 1) == [0, 1, 3, 6, 7]
+    assert coordinates.refresh_rounds(participation, 2, 5) == [1, 8]
+    assert coordinates.refresh_rounds(participation, 2, 8) == [1]
+    assert coordinates.refresh_rounds(participation, 3, 5) == []
     with pytest.raises(ValueError):
-        dg.refresh_rounds(participation, 1, 0)
+        coordinates.refresh_rounds(participation, 1, 0)
 
 
 def test_coordinate_changes_by_hand():
     h = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0], [0.0, 2.0]])
-    df = dg.coordinate_changes(h, [0, 2, 3, 9])  # round 0 has no 'before'; 9 is past the record
+    df = coordinates.coordinate_changes(h, [0, 2, 3, 9])  # round 0 has no 'before'; 9 is past the record
     assert df["round"].tolist() == [2, 3]
     assert df["cosine"].tolist() == pytest.approx([0.0, 1.0])
     assert df["relative_change"].tolist() == pytest.approx([math.sqrt(5.0), 0.0])
@@ -211,31 +193,31 @@ def test_stability_summary_and_consistency_check():
     s5 = np.array([[1.0, 1.0]] * 6 + [[1.0, 0.8]] * 2)  # refreshed at 0 and 6
     s7 = np.array([[0.0, 0.0]] * 3 + [[-1.0, 1.0]] * 5)  # refreshed at 3 (before: zero vector)
     payload = _payload({5: s5, 7: s7}, participation, core=[7, 9])
-    events = dg.coordinate_stability(payload, refresh_every=5)
+    events = coordinates.coordinate_stability(payload, refresh_every=5)
     assert events[["client", "round"]].values.tolist() == [[5, 6], [7, 3]]
     assert events["in_core"].tolist() == [False, True]
     assert events["cosine"].iloc[0] == pytest.approx(1.8 / (math.sqrt(2) * math.sqrt(1.64)))
     assert math.isnan(events["cosine"].iloc[1])  # undefined against a zero vector
-    assert dg.unexplained_changes(payload, 5) == 0
-    summary = dg.stability_summary({"setting": payload}, refresh_every=5).iloc[0]
+    assert coordinates.unexplained_changes(payload, 5) == 0
+    summary = coordinates.stability_summary({"setting": payload}, refresh_every=5).iloc[0]
     assert summary["refreshes"] == 2 and summary["tracked_in_core"] == "7"
     assert summary["unexplained_changes"] == 0
     assert summary["first_last_cosine"] == pytest.approx(np.nanmedian([1.8 / (math.sqrt(2) * math.sqrt(1.64)), np.nan]))
-    verdict = dg.stability_verdict(dg.stability_summary({"a": payload, "b": _payload({5: s5[:2]}, participation)}, 5)
+    verdict = coordinates.stability_verdict(coordinates.stability_summary({"a": payload, "b": _payload({5: s5[:2]}, participation)}, 5)
                                    .set_index("setting"), min_cosine=0.9, max_change=0.5)
     assert verdict.loc["b", "stable"] is None  # no refresh observed
     assert verdict.loc["a", "stable"] is True  # cosine 0.994, change 0.14 (the zero-vector event is NaN, skipped)
     assert "-> stable" in verdict.loc["a", "message"]
-    strict = dg.stability_verdict(dg.stability_summary({"a": payload}, 5).set_index("setting"), min_cosine=0.999,
+    strict = coordinates.stability_verdict(coordinates.stability_summary({"a": payload}, 5).set_index("setting"), min_cosine=0.999,
                                   max_change=0.5)
     assert strict.loc["a", "stable"] is False and "NOT stable" in strict.loc["a", "message"]
-    small_change = dg.stability_verdict(dg.stability_summary({"a": payload}, 5).set_index("setting"), min_cosine=0.9,
+    small_change = coordinates.stability_verdict(coordinates.stability_summary({"a": payload}, 5).set_index("setting"), min_cosine=0.9,
                                         max_change=0.1)
     assert small_change.loc["a", "stable"] is False
     broken = _payload({5: np.array([[1.0, 1.0]] * 4 + [[2.0, 1.0]] * 4), 7: s7}, participation)
-    assert dg.unexplained_changes(broken, 5) == 1  # s_5 changed at round 4 without a refresh
+    assert coordinates.unexplained_changes(broken, 5) == 1  # s_5 changed at round 4 without a refresh
     with pytest.raises(ValueError, match="track_coords"):
-        dg.coords_histories({"extras": {}})
+        coordinates.coords_histories({"extras": {}})
 
 
 # --- against the real engine (small system on Fashion-MNIST) ------------------------------------
@@ -253,24 +235,24 @@ def small_sim():
 
 def test_warmup_record_replays_the_engines_warmup(small_sim):
     config = _small_config().replace(training=Training(rounds=1, local_epochs=1, eval_every=1, eval_last=1))
-    record = dg.warmup_record(small_sim, config)
+    record = selection.warmup_record(small_sim, config)
     result = run(config, progress=False, sim=small_sim)
     assert record.traces == result.extras["swap_trace"]
     assert record.cores[-1] == result.extras["core"]
     assert record.cycles == 2 and record.num_clients == 20 and record.k == 5
     for gram, trace, core in zip(record.grams, record.traces, record.cores):
         assert gram.shape == (20, 20) and torch.allclose(gram, gram.T)
-        assert dg.relative_objective(gram, core, record.weights, record.lam) * dg.total_energy(gram, record.weights) \
+        assert selection.relative_objective(gram, core, record.weights, record.lam) * selection.total_energy(gram, record.weights) \
             == pytest.approx(trace[-1], rel=1e-9)
     with pytest.raises(ValueError, match="fedsteer"):
-        dg.warmup_record(small_sim, config.replace(method=method("fedvarp")))
+        selection.warmup_record(small_sim, config.replace(method=method("fedvarp")))
 
 
 def test_refresh_rule_matches_the_engines_coordinate_record(small_sim):
     config = _small_config(refresh_every=2).replace(diagnostics=Diagnostics(track_coords=tuple(range(20))))
     result = run(config, progress=False, sim=small_sim)
     payload = {"extras": result.extras}
-    assert dg.unexplained_changes(payload, 2) == 0
-    events = dg.coordinate_stability(payload, 2)
+    assert coordinates.unexplained_changes(payload, 2) == 0
+    events = coordinates.coordinate_stability(payload, 2)
     assert len(events) > 0
     assert (events["relative_change"] > 0).all()  # every refresh with a 'before' changes s_i

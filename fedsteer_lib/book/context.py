@@ -1,12 +1,13 @@
 """What the notebooks share: the profile, where its results live, and computing missing runs.
 
 Every notebook starts from its own parameters cell (papermill) and calls `setup(...)`; there
-is no state shared between notebooks other than the results cache on disk.
+is no state shared between notebooks other than the results cache on disk. Every chapter uses
+it (`Book.runs` for the result tables of chapters 6, 7, 9; `Book.curves` for Fig. 4, 6, 7;
+`Book.ensure` for the diagnostics runs of chapters 2, 5, 8).
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -14,20 +15,11 @@ import matplotlib
 import pandas as pd
 import seaborn as sns
 
-from .config import Profile, RunConfig, get_profile
-from .results import history_table, runs_table
-from .sweep import missing, run_grid
+from ..config import DATASET_DEFAULTS, ConfigError, Profile, RunConfig, get_profile
+from ..results import history_table, runs_table
+from ..sweep import REPO_ROOT, missing, results_root, run_grid
 
 __all__ = ["REPO_ROOT", "Book", "setup", "results_root"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def results_root(profile: str | Profile) -> Path:
-    """The results cache of a profile (`paper`: data/results, committed; `quick`: .cache/, not committed)."""
-    prof = get_profile(profile) if isinstance(profile, str) else profile
-    env = os.environ.get("FEDSTEER_RESULTS")
-    return Path(env) if env and prof.name == "paper" else REPO_ROOT / prof.results_dir
 
 
 @dataclass
@@ -50,7 +42,7 @@ class Book:
         return list(configs)
 
     def runs(self, configs: Sequence[RunConfig], desc: str = "runs") -> pd.DataFrame:
-        """One row per run (computing the missing ones first)."""
+        """One row per run (computing the missing ones first), with one column per method parameter."""
         return runs_table(self.ensure(configs, desc), self.root)
 
     def curves(self, configs: Sequence[RunConfig]) -> pd.DataFrame:
@@ -61,8 +53,6 @@ class Book:
 def setup(profile: str = "quick", dataset: str = "fmnist", seeds: Sequence[int] | None = None,
           device: str = "cpu", workers: int = 1) -> Book:
     """Validate a notebook's parameters, set the plotting style and return its context."""
-    from .config import DATASET_DEFAULTS, ConfigError
-
     prof = get_profile(profile)
     if dataset not in DATASET_DEFAULTS:
         raise ConfigError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {dataset!r}")
@@ -70,7 +60,6 @@ def setup(profile: str = "quick", dataset: str = "fmnist", seeds: Sequence[int] 
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
     seeds = tuple(prof.seeds if seeds is None else seeds)
     if prof.seeds != seeds:
-        from dataclasses import replace
         prof = replace(prof, seeds=seeds)
     matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 110, "figure.figsize": (7.0, 4.0)})
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")

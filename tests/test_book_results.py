@@ -1,4 +1,5 @@
-"""analysis.py on small hand-made tables: every number checked against a hand computation."""
+"""The result tables of fedsteer_lib.book (paper, stats, tables, claim_checks, prose, plan,
+server_memory) on small hand-made tables: every number checked against a hand computation."""
 from __future__ import annotations
 
 import math
@@ -8,36 +9,60 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedsteer_lib import analysis as A
-from fedsteer_lib.config import paper_methods
+from fedsteer_lib.book import claim_checks, methods, paper, plan, prose, server_memory, stats, tables
+from fedsteer_lib.config import method
+from fedsteer_lib.results import method_columns
+
+# The methods of the hand-made tables below, by run label (`MethodSpec.label`).
+SPECS = {m.label: m for m in [
+    method("full"), method("fedsteer"), method("fedsteer", refresh_every=5), method("fedavg"),
+    method("fedavg_unbiased"), method("fedvarp"), *[method("fedstale", beta=b) for b in (0.5, 0.6, 0.7, 0.8, 0.9)],
+    method("mifa"), method("scaffold"), method("fedprox"), method("fedsteer", core_size=10),
+    method("fedsteer", core_size=10, refresh_every=5), method("fedsteer", ordering="as_written"),
+    method("fedsteer", subsample=20), method("fedvarp", warmup_cycles=5), method("mifa", warmup_cycles=5),
+    method("fedsteer", core_size=20), method("fedsteer", core_size=5, warmup_cycles=2),
+    method("fedsteer", warmup_cycles=2)]}
+
+
+def method_cols(label: str) -> dict:
+    """The method columns of a run (as `results.runs_table` has them) for one of the labels above."""
+    spec = SPECS[label]
+    return {"method": spec.name, "label": label, **method_columns(spec)}
+
+
+def as_method(runs: pd.DataFrame, label: str, **changes) -> pd.DataFrame:
+    """`runs` as runs of another method (its label and method columns), with `changes`."""
+    return runs.assign(**method_cols(label), **changes)
+
 
 # Hand-made final accuracies (dataset fmnist, two seeds, two gammas), keyed by run label.
 ACC = {
     0.9: {"full": (0.80, 0.82), "fedsteer": (0.60, 0.62), "fedsteer(refresh_every=5)": (0.58, 0.56),
           "fedavg": (0.50, 0.54), "fedavg_unbiased": (0.40, 0.44), "fedvarp": (0.45, 0.47),
-          "fedstale(beta=0.5)": (0.48, 0.50), "fedstale(beta=0.6)": (0.50, 0.52), "fedstale(beta=0.7)": (0.30, 0.32),
+          "fedstale(beta=0.5)": (0.48, 0.50), "fedstale(beta=0.6)": (0.50, 0.52), "fedstale": (0.30, 0.32),
           "fedstale(beta=0.8)": (0.20, 0.22), "fedstale(beta=0.9)": (0.10, 0.12), "mifa": (0.35, 0.37),
           "scaffold": (0.11, 0.12), "fedprox": (0.09, float("nan"))},
     0.7: {"full": (0.85, 0.85), "fedsteer": (0.70, 0.72), "fedsteer(refresh_every=5)": (0.69, 0.69),
           "fedavg": (0.66, 0.68), "fedavg_unbiased": (0.60, 0.60), "fedvarp": (0.73, 0.75),
-          "fedstale(beta=0.5)": (0.60, 0.60), "fedstale(beta=0.6)": (0.60, 0.60), "fedstale(beta=0.7)": (0.61, 0.61),
+          "fedstale(beta=0.5)": (0.60, 0.60), "fedstale(beta=0.6)": (0.60, 0.60), "fedstale": (0.61, 0.61),
           "fedstale(beta=0.8)": (0.62, 0.62), "fedstale(beta=0.9)": (0.63, 0.63), "mifa": (0.60, 0.60),
           "scaffold": (0.60, 0.60), "fedprox": (0.60, 0.60)},
 }
 
 
-def make_runs(acc=ACC, dataset="fmnist", label_suffix=None) -> pd.DataFrame:
+def make_runs(acc=ACC, dataset="fmnist") -> pd.DataFrame:
     rows = []
     for gamma, table in acc.items():
         for label, values in table.items():
             for seed, a in enumerate(values):
-                lab = label
-                if label_suffix and label.startswith("fedsteer"):
-                    lab = label_suffix(label)
-                rows.append({"dataset": dataset, "method": lab.partition("(")[0], "label": lab, "gamma": gamma,
-                             "seed": seed, "final_accuracy": a, "collapsed": a != a,
-                             "server_memory_bytes": 0})
+                rows.append({"dataset": dataset, **method_cols(label), "gamma": gamma, "seed": seed,
+                             "final_accuracy": a, "collapsed": a != a, "server_memory_bytes": 0})
     return pd.DataFrame(rows)
+
+
+def memory_runs(rows) -> pd.DataFrame:
+    """A runs table with only the columns `server_memory.run_memory_table` reads: (label, bytes) pairs."""
+    return pd.DataFrame([{**method_cols(label), "server_memory_bytes": b} for label, b in rows])
 
 
 @pytest.fixture
@@ -47,75 +72,40 @@ def runs():
 
 @pytest.fixture
 def t1(runs):
-    return A.table1(runs)
+    return tables.table1(runs)
 
 
 # ------------------------------------------------------------------------------ the paper
 def test_paper_records_are_consistent():
-    keys = [p.key for p in A.PAPER]
+    keys = [p.key for p in paper.PAPER]
     assert len(keys) == len(set(keys))
-    for p in A.PAPER:
+    for p in paper.PAPER:
         assert p.text in p.quote, p.key
         number = float(p.text.rstrip("%"))
         assert math.isclose(p.value, number / 100 if p.text.endswith("%") else number), p.key
-        assert p.role is None or p.role in A.ROLES
+        assert p.role is None or p.role in methods.ROLES
     # the paper's own arithmetic: 0.554 vs 0.509 is +8.8 % relative
-    gain = A.paper_value("fmnist/0.9/fedsteer") / A.paper_value("fmnist/0.9/fedavg") - 1
-    assert round(gain, 3) == A.paper_value("fmnist/0.9/gain_vs_fedavg")
-    assert A.paper_value("emnist/0.9/fedsteer_enforce5") == 0.620
-    assert A.paper_value("emnist/0.9/scaffold") == 0.048
+    gain = paper.paper_value("fmnist/0.9/fedsteer") / paper.paper_value("fmnist/0.9/fedavg") - 1
+    assert round(gain, 3) == paper.paper_value("fmnist/0.9/gain_vs_fedavg")
+    assert paper.paper_value("emnist/0.9/fedsteer_enforce5") == 0.620
+    assert paper.paper_value("emnist/0.9/scaffold") == 0.048
     with pytest.raises(KeyError):
-        A.paper_value("no/such/key")
+        paper.paper_value("no/such/key")
 
 
 def test_every_quoted_accuracy_is_recorded():
     quoted = {"0.554", "0.509", "0.281", "0.309", "0.243", "0.314", "0.048", "0.051", "0.620", "0.622", "0.660"}
-    recorded = {p.text for p in A.PAPER if p.quantity == "final_accuracy"}
+    recorded = {p.text for p in paper.PAPER if p.quantity == "final_accuracy"}
     assert quoted == recorded
 
 
 def test_plain_removes_tex():
-    s = A.plain(r"On EMNIST (\(\gamma=0.9\)), size \(|\mathcal{X}| \le 30\) and Table" + "\u00a0" + "3")
+    s = paper.plain(r"On EMNIST (\(\gamma=0.9\)), size \(|\mathcal{X}| \le 30\) and Table" + "\u00a0" + "3")
     assert s == "On EMNIST (γ=0.9), size |X| ≤ 30 and Table 3"
-    table = A.paper_table()
+    table = paper.paper_table()
     assert not table["sentence"].str.contains(r"\\\(|\\\)", regex=True).any()
-    assert set(A.paper_table(datasets=["emnist"])["data set"]) == {"emnist"}
-    assert len(A.paper_table(datasets=["cifar10"])) == 2
-
-
-# ------------------------------------------------------------------------------ labels
-@pytest.mark.parametrize("label, dataset, expected", [
-    ("fedsteer", "fmnist", "fedsteer"),
-    ("fedsteer(warmup_cycles=2)", "fmnist", "fedsteer"),
-    ("fedsteer(refresh_every=5, warmup_cycles=2)", "fmnist", "fedsteer_enforce5"),
-    ("fedsteer(core_size=10)", "emnist", "fedsteer"),
-    ("fedsteer(core_size=10)", "fmnist", None),
-    ("fedsteer(core_size=10, refresh_every=5)", "emnist", "fedsteer_enforce5"),
-    ("fedsteer(ordering=as_written)", "fmnist", None),
-    ("fedsteer(subsample=20)", None, None),
-    ("fedstale(beta=0.6)", "fmnist", "fedstale"),
-    ("fedvarp", "fmnist", "fedvarp"),
-    ("fedvarp(warmup_cycles=5)", "fmnist", None),
-    ("fedprox", "fmnist", "fedprox"),
-    ("fedprox(mu=0.5)", "fmnist", None),
-    ("full", None, "full"),
-])
-def test_role(label, dataset, expected):
-    assert A.role(label, dataset) == expected
-
-
-def test_paper_methods_cover_every_role():
-    for dataset in ("fmnist", "emnist", "cifar10"):
-        roles = [A.role(m.label, dataset) for m in paper_methods(dataset)]
-        assert set(roles) == set(A.ROLES)
-        assert roles.count("fedstale") == 5
-
-
-def test_parse_label_and_param():
-    assert A.parse_label("fedsteer(core_size=10, lam=0.0)") == ("fedsteer", {"core_size": "10", "lam": "0.0"})
-    assert A.label_param("fedsteer(core_size=10, lam=0.0)", "lam") == 0.0
-    assert A.label_param("fedsteer", "core_size") == 40.0  # METHODS default
-    assert A.label_param("fedsteer(ordering=as_written)", "ordering") == "as_written"
+    assert set(paper.paper_table(datasets=["emnist"])["data set"]) == {"emnist"}
+    assert len(paper.paper_table(datasets=["cifar10"])) == 2
 
 
 # ------------------------------------------------------------------------------ Table 1
@@ -131,7 +121,7 @@ def test_table1_means_std_and_best_beta(t1):
     stale7 = t1[(t1["gamma"] == 0.7) & (t1["role"] == "fedstale")].iloc[0]
     assert stale7["label"] == "fedstale(beta=0.9)"
     # one row per role and gamma, in ROLES order; no paper number at γ=0.7
-    assert list(t1[t1["gamma"] == 0.9]["role"]) == list(A.ROLES)
+    assert list(t1[t1["gamma"] == 0.9]["role"]) == list(methods.ROLES)
     assert t1[t1["gamma"] == 0.7]["paper"].isna().all()
     # FedProx at 0.9 has one finite seed of two and one collapse
     prox = t1[(t1["gamma"] == 0.9) & (t1["role"] == "fedprox")].iloc[0]
@@ -140,9 +130,9 @@ def test_table1_means_std_and_best_beta(t1):
 
 def test_table1_single_seed_has_nan_std_and_display():
     one = make_runs({0.9: {k: v[:1] for k, v in ACC[0.9].items()}})
-    t = A.table1(one)
+    t = tables.table1(one)
     assert t["std"].isna().all()
-    shown = A.table1_display(t)
+    shown = tables.table1_display(t)
     assert shown.loc["FedSteer", ("γ=0.9", "ours (mean ± std)")] == "0.600 (n=1)"
     assert shown.loc["FedSteer", ("γ=0.9", "paper")] == "0.554"
     assert shown.loc["FedSteer", ("γ=0.9", "ours − paper")] == "+0.046"
@@ -153,21 +143,21 @@ def test_table1_single_seed_has_nan_std_and_display():
 
 
 def test_table1_rejects_two_labels_for_one_role(runs):
-    extra = runs[runs["label"] == "fedsteer"].assign(label="fedsteer(warmup_cycles=2)")
+    extra = as_method(runs[runs["label"] == "fedsteer"], "fedsteer(warmup_cycles=2)")
     dup = pd.concat([runs, extra])
     with pytest.raises(ValueError, match="fedsteer"):
-        A.table1(dup)
+        tables.table1(dup)
 
 
 def test_table1_ignores_variants_outside_table1(runs):
-    variant = runs[runs["label"] == "fedsteer"].assign(label="fedsteer(ordering=as_written)", final_accuracy=0.99)
-    t = A.table1(pd.concat([runs, variant]))
+    variant = as_method(runs[runs["label"] == "fedsteer"], "fedsteer(ordering=as_written)", final_accuracy=0.99)
+    t = tables.table1(pd.concat([runs, variant]))
     assert t[(t["gamma"] == 0.9) & (t["role"] == "fedsteer")]["mean"].iloc[0] == pytest.approx(0.61)
 
 
 # ------------------------------------------------------------------------------ gains
 def test_gains(t1):
-    g = A.gains(t1)
+    g = tables.gains(t1)
     r9 = g[(g["gamma"] == 0.9) & (g["role"] == "fedsteer")].iloc[0]
     assert r9["gain_vs_fedavg"] == pytest.approx(0.61 / 0.52 - 1)
     # best baseline at 0.9: FedAvg 0.52 (FedStale's best β gives 0.51, FedVARP 0.46)
@@ -182,22 +172,22 @@ def test_gains(t1):
 
 
 def test_collapse_counts(runs):
-    c = A.collapse_counts(runs)
+    c = stats.collapse_counts(runs)
     prox = c[(c["gamma"] == 0.9) & (c["label"] == "fedprox")].iloc[0]
     assert (prox["runs"], prox["non_finite"], prox["near_chance"]) == (2, 1, 2)  # 0.09 < 0.15 and NaN
     scaf = c[(c["gamma"] == 0.9) & (c["label"] == "scaffold")].iloc[0]
     assert scaf["near_chance"] == 2  # 0.11, 0.12 < 1.5 / 10
     assert c[(c["gamma"] == 0.7)]["near_chance"].sum() == 0
-    assert A.collapse_counts(runs, chance_factor=1.0).query("gamma == 0.9 and label == 'scaffold'")["near_chance"].iloc[0] == 0
+    assert stats.collapse_counts(runs, chance_factor=1.0).query("gamma == 0.9 and label == 'scaffold'")["near_chance"].iloc[0] == 0
 
 
 # ------------------------------------------------------------------------------ vs the paper
 def test_compare_with_paper(t1, runs):
-    sub = A.subsample_table(runs, runs[runs["label"] == "fedsteer"].assign(
-        label="fedsteer(subsample=20)", final_accuracy=lambda d: d["final_accuracy"] - 0.06))
-    mem = A.memory_table(pd.DataFrame({"label": ["fedvarp", "fedsteer(core_size=10)", "fedsteer"],
-                                       "server_memory_bytes": [1000, 100, 250]}))
-    c = A.compare_with_paper(t1, subsample=sub, memory=mem).set_index("key")
+    sub = tables.subsample_table(runs, as_method(runs[runs["label"] == "fedsteer"], "fedsteer(subsample=20)",
+                                                 final_accuracy=lambda d: d["final_accuracy"] - 0.06))
+    mem = server_memory.run_memory_table(memory_runs([("fedvarp", 1000), ("fedsteer(core_size=10)", 100),
+                                                      ("fedsteer", 250)]))
+    c = tables.compare_with_paper(t1, subsample=sub, memory=mem).set_index("key")
     assert c.loc["fmnist/0.9/fedsteer", "ours"] == pytest.approx(0.61)
     assert c.loc["fmnist/0.9/fedsteer", "ours − paper"] == pytest.approx(0.61 - 0.554)
     assert c.loc["fmnist/0.9/fedsteer", "status"] == "compared"
@@ -208,13 +198,13 @@ def test_compare_with_paper(t1, runs):
     assert c.loc["all/subsample_drop", "ours"] == pytest.approx(np.mean([0.06 / 0.61, 0.06 / 0.71]))
     assert c.loc["all/memory_reduction", "ours"] == pytest.approx(10.0)
     assert "|X|=10" in c.loc["all/memory_reduction", "our setting"]
-    assert len(c) == len(A.PAPER)
+    assert len(c) == len(paper.PAPER)
 
 
 def test_subsample_table_pairs_by_seed(runs):
     steer = runs[runs["label"] == "fedsteer"]
-    sub = steer.assign(label="fedsteer(subsample=20)", final_accuracy=[0.5, 0.62, 0.7, 0.72])
-    t = A.subsample_table(runs, sub).set_index("gamma")
+    sub = as_method(steer, "fedsteer(subsample=20)", final_accuracy=[0.5, 0.62, 0.7, 0.72])
+    t = tables.subsample_table(runs, sub).set_index("gamma")
     assert t.loc[0.9, "drop (points)"] == pytest.approx(np.mean([0.10, 0.0]))
     assert t.loc[0.9, "drop (relative)"] == pytest.approx((0.61 - 0.56) / 0.61)
     assert t.loc[0.7, "drop (points)"] == pytest.approx(0.0)
@@ -222,8 +212,8 @@ def test_subsample_table_pairs_by_seed(runs):
 
 
 def test_memory_table_ratio():
-    m = A.memory_table(pd.DataFrame({"label": ["fedavg", "fedvarp", "fedsteer(core_size=20)"],
-                                     "server_memory_bytes": [0, 4 * 2**20, 2**20]})).set_index("label")
+    m = server_memory.run_memory_table(memory_runs([("fedavg", 0), ("fedvarp", 4 * 2**20),
+                                                    ("fedsteer(core_size=20)", 2**20)])).set_index("label")
     assert m.loc["fedsteer(core_size=20)", "fedvarp_over_this"] == pytest.approx(4.0)
     assert m.loc["fedsteer(core_size=20)", "core_size"] == 20
     assert np.isnan(m.loc["fedavg", "fedvarp_over_this"]) and np.isnan(m.loc["fedavg", "core_size"])
@@ -232,25 +222,25 @@ def test_memory_table_ratio():
 
 # ------------------------------------------------------------------------------ ablations
 def test_verdict_wording():
-    assert "single seed" in A.verdict([0.05], "a", "b")
-    assert "0.050 higher" in A.verdict([0.05], "a", "b")
-    assert "clear difference" in A.verdict([0.10, 0.11, 0.09], "a", "b")
-    assert "lower" in A.verdict([-0.10, -0.11, -0.09], "a", "b")
-    assert "within noise" in A.verdict([0.10, -0.12, 0.01], "a", "b")
-    assert "no paired runs" in A.verdict([], "a", "b")
+    assert "single seed" in stats.verdict([0.05], "a", "b")
+    assert "0.050 higher" in stats.verdict([0.05], "a", "b")
+    assert "clear difference" in stats.verdict([0.10, 0.11, 0.09], "a", "b")
+    assert "lower" in stats.verdict([-0.10, -0.11, -0.09], "a", "b")
+    assert "within noise" in stats.verdict([0.10, -0.12, 0.01], "a", "b")
+    assert "no paired runs" in stats.verdict([], "a", "b")
 
 
 def test_paired_comparison(runs):
     a = runs[runs["label"] == "fedsteer"]
     b = runs[runs["label"] == "fedsteer(refresh_every=5)"]
-    p = A.paired_comparison(a, b, "default", "enforce=5").set_index("gamma")
+    p = stats.paired_comparison(a, b, "default", "enforce=5").set_index("gamma")
     assert p.loc[0.9, "difference"] == pytest.approx(np.mean([0.02, 0.06]))
     assert p.loc[0.9, "s.e."] == pytest.approx(np.std([0.02, 0.06], ddof=1) / math.sqrt(2))
     assert p.loc[0.9, "wins"] == "2/2"
     assert p.loc[0.9, "default"] == pytest.approx(0.61)
     assert p.loc[0.7, "difference"] == pytest.approx(0.02)
     # a seed missing on one side is not paired
-    p1 = A.paired_comparison(a[a["seed"] == 0], b, "default", "enforce=5")
+    p1 = stats.paired_comparison(a[a["seed"] == 0], b, "default", "enforce=5")
     assert set(p1["n"]) == {1} and p1["s.e."].isna().all()
 
 
@@ -259,11 +249,12 @@ def test_coreset_lambda_and_fig5_verdicts():
     for k, lam, accs in [(10, 0.0, (0.4, 0.5)), (10, 0.5, (0.6, 0.6)), (40, 0.0, (0.7, 0.7)), (40, 0.5, (0.6, 0.6)),
                          (80, 0.0, (0.5, 0.5)), (80, 0.5, (0.6, 0.6)), (160, 0.0, (0.3, 0.3)), (160, 0.5, (0.2, 0.2))]:
         for seed, a in enumerate(accs):
+            spec = method("fedsteer", core_size=k, lam=lam, refresh_every=5)
             rows.append({"dataset": "emnist", "gamma": 0.9, "seed": seed, "final_accuracy": a,
-                         "label": f"fedsteer(core_size={k}, lam={lam}, refresh_every=5)"})
-    table = A.coreset_lambda_table(pd.DataFrame(rows))
+                         "method": spec.name, "label": spec.label, **method_columns(spec)})
+    table = stats.coreset_lambda_table(pd.DataFrame(rows))
     assert table.set_index(["core_size", "lam"]).loc[(10, 0.0), "mean"] == pytest.approx(0.45)
-    v = A.fig5_verdicts(table).set_index("|X|")
+    v = stats.fig5_verdicts(table).set_index("|X|")
     assert v.loc[10, "better here"] == "λ=0.5" and v.loc[10, "agrees"] == True  # noqa: E712
     assert v.loc[40, "better here"] == "λ=0" and v.loc[40, "agrees"] == True  # noqa: E712
     assert v.loc[80, "agrees"] == False  # noqa: E712  (paper: λ=0 better for 40..80)
@@ -273,9 +264,9 @@ def test_coreset_lambda_and_fig5_verdicts():
 
 # ------------------------------------------------------------------------------ claims
 def test_claims_checklist(t1, runs):
-    sub = A.subsample_table(runs, runs[runs["label"] == "fedsteer"].assign(
-        label="fedsteer(subsample=20)", final_accuracy=lambda d: d["final_accuracy"] - 0.2))
-    c = A.claims_checklist(t1, subsample=sub)
+    sub = tables.subsample_table(runs, as_method(runs[runs["label"] == "fedsteer"], "fedsteer(subsample=20)",
+                                                 final_accuracy=lambda d: d["final_accuracy"] - 0.2))
+    c = claim_checks.claims_checklist(t1, subsample=sub)
     def get(claim, gamma=None):
         sel = c[(c["claim"] == claim) & c["data set"].isin(["fmnist", "all run here"])]
         if gamma is not None:
@@ -283,7 +274,7 @@ def test_claims_checklist(t1, runs):
         assert len(sel) == 1, claim
         return sel.iloc[0]
     assert get("FedSteer beats FedAvg", 0.9)["holds"] is True
-    assert get("FedSteer beats FedAvg", 0.9)["ours"] == A.format_pct(0.61 / 0.52 - 1)
+    assert get("FedSteer beats FedAvg", 0.9)["ours"] == stats.format_pct(0.61 / 0.52 - 1)
     assert get("FedAvg is the next-best method", 0.9)["holds"] is True
     assert get("FedSteer beats the best baseline", 0.7)["holds"] is False  # FedVARP 0.74 > 0.71
     assert get("gain over the next-best method is at least 7.9 % in every setting")["holds"] is False
@@ -299,7 +290,7 @@ def test_claims_checklist_emnist():
     acc = {0.9: {"fedavg": (0.31,), "fedvarp": (0.28,), "fedstale(beta=0.5)": (0.30,), "mifa": (0.33,),
                  "scaffold": (0.02,), "fedprox": (0.10,), "fedsteer(core_size=10)": (0.5,),
                  "fedsteer(core_size=10, refresh_every=5)": (0.62,), "full": (0.8,)}}
-    c = A.claims_checklist(A.table1(make_runs(acc, dataset="emnist")))
+    c = claim_checks.claims_checklist(tables.table1(make_runs(acc, dataset="emnist")))
     holds = dict(zip(c["claim"], c["holds"]))
     assert holds["FedVARP on par with or worse than FedAvg"] is True
     assert holds["MIFA on par with or worse than FedAvg"] is False  # 0.33 > 0.31 + 0.01
@@ -309,10 +300,10 @@ def test_claims_checklist_emnist():
 
 
 def test_format_pct():
-    assert A.format_pct(0.088) == "+8.8 %"
-    assert A.format_pct(-0.0123) == "-1.2 %"
-    assert A.format_pct(0.025, signed=False) == "2.5 %"
-    assert A.format_pct(float("nan")) == "—"
+    assert stats.format_pct(0.088) == "+8.8 %"
+    assert stats.format_pct(-0.0123) == "-1.2 %"
+    assert stats.format_pct(0.025, signed=False) == "2.5 %"
+    assert stats.format_pct(float("nan")) == "—"
 
 
 # ------------------------------------------------------------------------------ configs
@@ -320,40 +311,35 @@ def test_configs_follow_the_book_seeds():
     from fedsteer_lib.book import setup
 
     book = setup("quick", "fmnist", seeds=(3, 4))
-    main = A.main_configs(book)
+    main = plan.main_configs(book)
     assert {c.seed for c in main} == {3, 4} and len(main) == 14 * 2
-    stale = A.main_configs(book, roles=["fedstale"])
+    stale = plan.main_configs(book, roles=["fedstale"])
     assert len(stale) == 5 * 2 and {c.method.name for c in stale} == {"fedstale"}
-    abl = A.ablation_configs(book)
+    abl = plan.ablation_configs(book)
     assert {c.seed for c in abl["coreset_lambda"]} == {3}  # quick: ablation_seeds = 1
     assert {c.seed for c in abl["subsampled"]} == {3, 4}
     assert len(abl["fair_start"]) == 2 * 2
-    default = A.ablation_configs(setup("quick", "fmnist"))
+    default = plan.ablation_configs(setup("quick", "fmnist"))
     assert {c.seed for c in default["ordering"]} == {0}
-    assert re.search("emnist", A.SWEEP_COMMAND.format(dataset="emnist"))
+    assert re.search("emnist", plan.SWEEP_COMMAND.format(dataset="emnist"))
 
 
-def test_clean_label_and_memory_names():
-    assert A.clean_label("fedsteer(core_size=5, lam=0.0, refresh_every=5, warmup_cycles=2)") == \
-        "fedsteer(core_size=5, lam=0.0, refresh_every=5)"
-    assert A.clean_label("fedsteer(warmup_cycles=2)") == "fedsteer"
-    assert A.clean_label("fedvarp(warmup_cycles=2)") == "fedvarp(warmup_cycles=2)"
-    assert A.clean_label("fedstale") == "fedstale(beta=0.7)"
-    assert A.clean_label("fedstale(beta=0.5)") == "fedstale(beta=0.5)"
-    m = A.memory_table(pd.DataFrame({"label": ["fedsteer(core_size=5, warmup_cycles=2)"], "server_memory_bytes": [10]}))
+def test_memory_names():
+    m = server_memory.run_memory_table(memory_runs([("fedsteer(core_size=5, warmup_cycles=2)", 10)]))
     assert m["method"].iloc[0] == "FedSteer (|X|=5)"
+    assert m["label"].iloc[0] == "fedsteer(core_size=5)"  # the label for reading (methods.clean_label)
 
 
 def test_describe_comparison_and_claims(t1):
     from fedsteer_lib.config import PROFILES
 
-    text = A.describe_comparison(A.compare_with_paper(t1), PROFILES["quick"])
+    text = prose.describe_comparison(tables.compare_with_paper(t1), PROFILES["quick"])
     assert "**6** of the paper's 17 quoted numbers" in text  # 2 accuracies + 3 gains + the minimum gain
     assert "from +0.011 to +0.056" in text and "FedSteer at γ=0.9 (0.610 vs 0.554)" in text
     assert "smoke test" in text
-    assert "smoke test" not in A.describe_comparison(A.compare_with_paper(t1), PROFILES["paper"])
-    claims = A.claims_checklist(t1)
-    summary = A.describe_claims(claims)
+    assert "smoke test" not in prose.describe_comparison(tables.compare_with_paper(t1), PROFILES["paper"])
+    claims = claim_checks.claims_checklist(t1)
+    summary = prose.describe_claims(claims)
     n_true = int((claims["holds"] == True).sum())  # noqa: E712
     assert f"**{n_true} hold**" in summary and f"Of {len(claims)} claim checks" in summary
 
@@ -365,11 +351,11 @@ def test_profile_note_calls_few_seeds_of_the_paper_setting_partial():
 
     paper = PROFILES["paper"]
     runs = pd.DataFrame({"rounds": [150, 150], "seed": [0, 0], "gamma": [0.7, 0.9]})
-    text = A.profile_note(replace(paper, seeds=(0,)), runs)
+    text = prose.profile_note(replace(paper, seeds=(0,)), runs)
     assert "partial reproduction" in text and "1 of its 8 seeds" in text and "smoke test" not in text
-    assert "smoke test" in A.profile_note(PROFILES["quick"], runs.assign(rounds=10))
+    assert "smoke test" in prose.profile_note(PROFILES["quick"], runs.assign(rounds=10))
     full = pd.DataFrame({"rounds": [150] * 8, "seed": range(8), "gamma": [0.7] * 8})
-    note = A.profile_note(paper, full)
+    note = prose.profile_note(paper, full)
     assert "partial" not in note and "smoke test" not in note
 
 
@@ -377,25 +363,25 @@ def test_accuracy_level_note_compares_the_paper_with_every_tuning_setting():
     tuning = pd.DataFrame({"client_lr": [0.01, 0.1, 0.3, 0.1], "local_epochs": [1, 2, 2, 2],
                            "gamma": [0.9, 0.9, 0.9, 0.7], "val_accuracy_final": [0.74, 0.83, 0.44, 0.30],
                            "collapsed": [False, False, True, False]})
-    text = A.accuracy_level_note(tuning)
+    text = prose.accuracy_level_note(tuning)
     assert "**0.509**" in text and "**0.740 and 0.830**" in text and "lr 0.01, E = 1" in text and "+0.231" in text
     assert "not a matter of these hyperparameters" in text  # the collapsed run and the other gamma are left out
     close = tuning.assign(val_accuracy_final=[0.52, 0.55, 0.44, 0.3])
-    assert "within the range" in A.accuracy_level_note(close)
-    assert "not computed yet" in A.accuracy_level_note(None)
-    assert A.accuracy_level_note(tuning, dataset="cifar10") == ""  # the paper quotes no FedAvg number there
+    assert "within the range" in prose.accuracy_level_note(close)
+    assert "not computed yet" in prose.accuracy_level_note(None)
+    assert prose.accuracy_level_note(tuning, dataset="cifar10") == ""  # the paper quotes no FedAvg number there
 
 
 def test_metric_table_and_describe_metrics(runs):
     # mean of the last rounds: everything as in ACC except FedSteer at 0.9, now below FedAvg
     last = runs.assign(mean_last_accuracy=runs["final_accuracy"])
     last.loc[(last["label"] == "fedsteer") & (last["gamma"] == 0.9), "mean_last_accuracy"] = 0.40
-    table = A.metric_table(last)
+    table = tables.metric_table(last)
     assert list(table.columns) == [("γ=0.7", "final round"), ("γ=0.7", "mean of last rounds"),
                                    ("γ=0.9", "final round"), ("γ=0.9", "mean of last rounds")]
     assert table.index[0] == "Full participation" and table.loc["FedSteer", ("γ=0.9", "final round")] == pytest.approx(0.61)
     assert table.loc["FedSteer", ("γ=0.9", "mean of last rounds")] == pytest.approx(0.40)
-    text = A.describe_metrics(last)
+    text = prose.describe_metrics(last)
     # γ=0.9: best baseline FedAvg 0.52 -> +17.3 % on the final round, (0.40 - 0.52) / 0.52 = -23.1 % on the last rounds
     assert "γ=0.9: FedSteer vs the best baseline +17.3 % on the final round, -23.1 %" in text
     assert "the sign flips with the metric" in text
@@ -407,7 +393,7 @@ def test_disagreement_checks_pair_the_suspects_with_the_best_baseline(runs):
                           0.7: {"fedsteer(ordering=as_written)": (0.76, 0.80)}})
     fair = make_runs({0.9: {"fedvarp(warmup_cycles=5)": (0.47, 0.49), "mifa(warmup_cycles=5)": (0.35, 0.37)},
                       0.7: {"fedvarp(warmup_cycles=5)": (0.73, 0.75), "mifa(warmup_cycles=5)": (0.61, 0.61)}})
-    checks = A.disagreement_checks(runs, ordering, fair).set_index(["gamma", "comparison"])
+    checks = claim_checks.disagreement_checks(runs, ordering, fair).set_index(["gamma", "comparison"])
     assert len(checks) == 16
     # best baseline: FedAvg at 0.9 (0.52), FedVARP at 0.7 (0.74); paired by seed
     best9 = checks.loc[(0.9, "FedSteer (as written) vs best baseline")]
@@ -415,14 +401,16 @@ def test_disagreement_checks_pair_the_suspects_with_the_best_baseline(runs):
     assert math.isclose(best9["difference"], 0.13) and math.isclose(best9["relative gain"], 0.65 / 0.52 - 1)
     best7 = checks.loc[(0.7, "FedSteer (as written) vs best baseline")]
     assert best7["best baseline"] == "fedvarp" and math.isclose(best7["difference"], 0.04)
+    assert best9["best baseline name"] == "FedAvg" and best7["best baseline name"] == "FedVARP"
     assert math.isclose(checks.loc[(0.9, "FedSteer (as written) vs FedSteer (unbiased)"), "difference"], 0.04)
     warm = checks.loc[(0.9, "FedVARP + warm-up vs FedVARP")]
     assert math.isclose(warm["difference"], 0.02) and warm["suspect"] == "warm-up information"
     assert pd.isna(warm["best baseline"])
     assert math.isclose(checks.loc[(0.9, "FedSteer (unbiased) vs MIFA + warm-up"), "difference"], 0.25)
-    text = A.describe_disagreement(A.disagreement_checks(runs, ordering, fair))
+    text = prose.describe_disagreement(claim_checks.disagreement_checks(runs, ordering, fair))
     assert "+25.0 % at γ=0.9 (paper +8.8 %)" in text and "(paper +7.8 %)" in text
     assert "**Estimator ordering**" in text and "**Warm-up information**" in text
-    only_main = A.disagreement_checks(runs, ordering.iloc[:0], fair.iloc[:0])  # ablations not run yet
+    assert "(the best baseline here: FedAvg)" in text and "(the best baseline here: FedVARP)" in text
+    only_main = claim_checks.disagreement_checks(runs, ordering.iloc[:0], fair.iloc[:0])  # ablations not run yet
     assert list(only_main["comparison"]) == ["FedSteer (unbiased) vs best baseline"] * 2
-    assert "nothing to check" in A.describe_disagreement(A.disagreement_checks(runs.iloc[:0], ordering, fair))
+    assert "nothing to check" in prose.describe_disagreement(claim_checks.disagreement_checks(runs.iloc[:0], ordering, fair))

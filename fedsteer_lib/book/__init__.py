@@ -1,0 +1,24 @@
+"""The book's helpers: everything the notebooks in `notebooks/` use besides the method and the
+simulator, split by what it does. Nothing outside this package imports it.
+
+| module | what |
+| --- | --- |
+| `context` | `setup` and `Book`: a notebook's profile, data set, seeds and results cache |
+| `paper` | the paper's quoted numbers and statements (`PAPER`, `paper_table`, `plain`) |
+| `methods` | a run's Table 1 role, its name, order and colour (read from the method columns) |
+| `stats` | means over seeds, paired comparisons and their verdicts, collapse counts, Fig. 5's grid |
+| `tables` | Table 1, gains, FedStale's β, Table 3, every quoted number next to ours, choices |
+| `claim_checks` | the paper's claims checked on our runs; why FedSteer may lose here |
+| `prose` | the Markdown sentences built from the tables |
+| `plan` | which runs each chapter loads; which of the paper profile's runs are cached |
+| `clients`, `snapshots`, `aggregation`, `geometry`, `alignment` | the measurements of chapters 1-3 |
+| `selection`, `server_memory`, `variance`, `coordinates` | the measurements of chapters 4, 5, 8 (and 9's memory) |
+| `figures` | the figures, one module per kind of measurement |
+
+`from fedsteer_lib.book import setup, results_root` is what every notebook starts with; the figures
+are `from fedsteer_lib.book import figures` (`figures.accuracy.plot_table1_bars`, ...).
+"""
+from ..sweep import results_root
+from .context import REPO_ROOT, Book, setup
+
+__all__ = ["REPO_ROOT", "Book", "setup", "results_root"]

@@ -1,0 +1,91 @@
+"""Server memory (paper §8.2): the bytes of each method's server state, measured on meta tensors
+for any number of clients N and model size d and checked against §8.2's accounting (FedSteer's
+O(N k + k d) against O(N d)), and the memory measured at the end of finished runs next to
+FedVARP's.
+
+Used by chapter 4 (memory against N, the "around 10 times" claim) and chapter 9 (the measured
+memory of the runs, the comparison with the paper).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import MethodSpec
+from ..strategies import ServerContext, make_strategy
+from .methods import clean_label, display_name, method_specs
+
+__all__ = ["state_bytes", "memory_formula", "server_memory_table", "run_memory_table"]
+
+
+def state_bytes(spec: MethodSpec, num_clients: int, dim: int, device: str | torch.device = "meta") -> int:
+    """Bytes of a method's server state tensors (`Strategy.init_state` + `memory_bytes`).
+
+    With the default `device="meta"` the tensors have shapes and dtypes but no storage, so the
+    state of N = 10,000 clients and d = 1.6 M parameters is measured without allocating it.
+    """
+    device = torch.device(device)
+    strategy = make_strategy(spec)
+    ctx = ServerContext(weights=torch.empty(num_clients, device=device), probs=torch.empty(num_clients, device=device),
+                        dim=int(dim), device=device, client_lr=0.05, seed=0)
+    return int(strategy.memory_bytes(strategy.init_state(ctx)))
+
+
+def memory_formula(name: str, num_clients: int, dim: int, k: int | None = None) -> int:
+    """The state size in bytes that §8.2's accounting predicts for our float32 implementation:
+    FedVARP/FedStale/MIFA 4 N d (every client's stale update), SCAFFOLD 4 (N + 1) d (c_i and c),
+    FedSteer 4 (k d + N k + k) + 8 (k^2 + N + k) (basis Q, coordinates s_i, norms; float64 Gram
+    matrix, int64 refresh rounds and core ids): O(N k + k d) against O(N d)."""
+    n, d = int(num_clients), int(dim)
+    if name in ("fedvarp", "fedstale", "mifa"):
+        return 4 * n * d
+    if name == "scaffold":
+        return 4 * (n + 1) * d
+    if name == "fedsteer":
+        if k is None:
+            raise ValueError("memory_formula('fedsteer', ...) needs the core size k")
+        return 4 * (k * d + n * k + k) + 8 * (k * k + n + k)
+    if name in ("fedavg", "fedavg_unbiased", "fedprox", "full"):
+        return 0
+    raise ValueError(f"no memory formula for method {name!r}")
+
+
+def server_memory_table(specs: Sequence[MethodSpec], num_clients: Iterable[int], dims: Mapping[str, int]) -> pd.DataFrame:
+    """Measured server-state bytes (meta tensors, see `state_bytes`) of each method for every
+    N in `num_clients` and every model size in `dims` ({name: d}); one row per combination,
+    with the §8.2 formula next to the measurement and the ratio to FedVARP's O(N d) memory."""
+    rows = []
+    for dim_name, d in dims.items():
+        for n in num_clients:
+            varp = state_bytes(MethodSpec("fedvarp"), n, d)
+            for spec in specs:
+                k = int(spec.get("core_size")) if spec.name == "fedsteer" else None
+                measured = state_bytes(spec, n, d)
+                label = {"fedsteer": f"FedSteer (|X|={k})", "fedvarp": "FedVARP", "fedstale": "FedStale",
+                         "mifa": "MIFA", "scaffold": "SCAFFOLD"}.get(spec.name, spec.label)
+                rows.append({"model": dim_name, "d": int(d), "N": int(n), "method": spec.name, "label": label,
+                             "k": k, "bytes": measured, "formula_bytes": memory_formula(spec.name, n, d, k),
+                             "MB": measured / 1e6, "fraction_of_fedvarp": measured / varp})
+    return pd.DataFrame(rows)
+
+
+def run_memory_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Server memory per run label (bytes, MiB), as measured at the end of the runs, and FedVARP's
+    O(N d) memory over it. `label` is the label for reading (`methods.clean_label`), `method` its
+    display name, `core_size` FedSteer's |X| (NaN for the other methods)."""
+    if runs.empty:
+        return pd.DataFrame(columns=["label", "method", "core_size", "bytes", "MiB", "fedvarp_over_this"])
+    g = runs.groupby("label", sort=False)["server_memory_bytes"].max().reset_index()
+    specs = list(method_specs(runs.drop_duplicates("label")))  # one per row of g, in the same order
+    varp = g.loc[[s.name == "fedvarp" for s in specs], "server_memory_bytes"]
+    ref = float(varp.max()) if not varp.empty else float("nan")
+    g["label"] = [clean_label(s) for s in specs]
+    g["method"] = g["label"].map(display_name)
+    g["core_size"] = [float(s.get("core_size")) if s.name == "fedsteer" else np.nan for s in specs]
+    g["MiB"] = g["server_memory_bytes"] / 2**20
+    g["fedvarp_over_this"] = ref / g["server_memory_bytes"].replace(0, np.nan)
+    g = g.rename(columns={"server_memory_bytes": "bytes"})
+    return g[["label", "method", "core_size", "bytes", "MiB", "fedvarp_over_this"]]

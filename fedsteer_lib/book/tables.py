@@ -1,0 +1,306 @@
+"""The book's result tables: Table 1 (long form and for reading), gains over FedAvg and the best
+baseline, FedStale's β, Table 3 (subsampled core-set selection), every quoted number of the paper
+next to ours, the choices we made where the paper is silent, and the models' sizes.
+
+Every function takes the tidy tables of `Book.runs` (one row per run, with one column per method
+parameter) or the tables built here, and returns a pandas DataFrame. Nothing here trains a model.
+
+Conventions
+-----------
+- FedStale's row is the beta with the best mean *test* accuracy per (data set, gamma), as in
+  the paper ("We report FedStale's best result"); the row says so, since choosing on the test
+  set favours the baseline.
+- The best baseline is the best of FedAvg (both forms), FedVARP, FedStale (best beta), MIFA,
+  SCAFFOLD and FedProx, again by mean test accuracy.
+
+Used by chapter 6 (Table 1, its gains and metrics, FedStale's β), chapter 7 (Table 3) and
+chapter 9 (the comparison with the paper, the choices and models tables).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..config import DATASET_DEFAULTS
+from .methods import BASELINES, FEDSTEER_ROLES, ROLE_NAMES, ROLES, by_role, method_specs
+from .paper import DATASET_NAMES, HEADLINE_FEDSTEER, NUM_CLASSES, PAPER, paper_value_for, plain
+from .stats import format_pct, summarize
+
+__all__ = ["FEDSTALE_NOTE", "table1", "table1_display", "metric_table", "gains", "gains_display", "fedstale_table",
+           "subsample_table", "compare_with_paper", "compare_display", "choices_table", "model_table"]
+
+FEDSTALE_NOTE = "β chosen by test accuracy (the paper's protocol; favours FedStale)"
+
+
+def table1(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
+    """Table 1 in long form: one row per (dataset, gamma, role) with mean, std, n, the paper's
+    number where its text quotes one, and ours - paper.
+
+    FedStale's row is the beta with the best mean (test) accuracy; `beta` holds it (NaN in the
+    other rows), `selected_by_test` marks it and `note` says so. Rows are in `ROLES` order; a
+    role with no run is left out.
+    """
+    s = summarize(runs, metric)
+    s = s[s["role"].notna()]
+    rows = []
+    if not s.empty:
+        first = runs.drop_duplicates("label")
+        spec_of = dict(zip(first["label"], method_specs(first)))
+    for (dataset, gamma), grp in s.groupby(["dataset", "gamma"], sort=True):
+        for r in ROLES:
+            cand = grp[grp["role"] == r]
+            if cand.empty:
+                continue
+            best = cand.loc[cand["mean"].idxmax()] if cand["mean"].notna().any() else cand.iloc[0]
+            if r != "fedstale" and len(cand) > 1:
+                raise ValueError(f"several run labels for role {r!r} at {dataset}, γ={gamma}: {list(cand['label'])}")
+            paper = paper_value_for(dataset, gamma, "final_accuracy", r)
+            beta = float(spec_of[best["label"]].get("beta")) if r == "fedstale" else np.nan
+            rows.append({"dataset": dataset, "gamma": float(gamma), "role": r, "method": ROLE_NAMES[r],
+                         "label": best["label"], "beta": beta, "mean": float(best["mean"]), "std": float(best["std"]),
+                         "n": int(best["n"]), "collapsed": int(best["collapsed"]),
+                         "paper": paper, "diff": float(best["mean"]) - paper if paper == paper else np.nan,
+                         "selected_by_test": r == "fedstale" and len(cand) > 1,
+                         "candidates": len(cand),
+                         "note": FEDSTALE_NOTE + f", among {len(cand)} β" if r == "fedstale" else ""})
+    return pd.DataFrame(rows)
+
+
+def _fmt(mean: float, std: float, n: int) -> str:
+    if mean != mean:
+        return "—"
+    return f"{mean:.3f} ± {std:.3f}" if std == std else f"{mean:.3f} (n={n})"
+
+
+def table1_display(t1: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 as strings: rows = methods, columns = (γ, ours / paper / ours − paper / note); the
+    note names FedStale's β and that it was chosen by test accuracy."""
+    if t1.empty:
+        return pd.DataFrame()
+    pieces = {}
+    for gamma, grp in t1.groupby("gamma", sort=True):
+        grp = grp.set_index("method")
+        ours = [_fmt(m, s, n) for m, s, n in zip(grp["mean"], grp["std"], grp["n"])]
+        pieces[(f"γ={gamma:g}", "ours (mean ± std)")] = pd.Series(ours, index=grp.index)
+        pieces[(f"γ={gamma:g}", "paper")] = grp["paper"].map(lambda v: f"{v:.3f}" if v == v else "—")
+        pieces[(f"γ={gamma:g}", "ours − paper")] = grp["diff"].map(lambda v: f"{v:+.3f}" if v == v else "—")
+        betas = grp["beta"].where(grp["role"] == "fedstale")
+        pieces[(f"γ={gamma:g}", "note")] = betas.map(lambda v: f"β={v:g}, chosen by test accuracy" if v == v else "")
+    out = pd.DataFrame(pieces)
+    order = [ROLE_NAMES[r] for r in ROLES if ROLE_NAMES[r] in out.index]
+    out = out.loc[order]
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    out.index.name = "method"
+    return out
+
+
+def metric_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Table 1's means under two metrics side by side, per method (rows) and γ: the paper's final
+    accuracy (one round) and our addition, the mean accuracy over the last evaluated rounds
+    (`mean_last_accuracy`), with FedSteer's gain over the best baseline under each."""
+    cols = {}
+    for metric, name in (("final_accuracy", "final round"), ("mean_last_accuracy", "mean of last rounds")):
+        t = table1(runs, metric)
+        for gamma, grp in t.groupby("gamma", sort=True):
+            cols[(f"γ={gamma:g}", name)] = grp.set_index("method")["mean"]
+    if not cols:
+        return pd.DataFrame()
+    out = pd.DataFrame(cols)
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    out = out[sorted(out.columns, key=lambda c: (c[0], c[1] != "final round"))]
+    return out.loc[[ROLE_NAMES[r] for r in ROLES if ROLE_NAMES[r] in out.index]]
+
+
+def gains(t1: pd.DataFrame) -> pd.DataFrame:
+    """Relative gains of each FedSteer variant per (dataset, gamma): vs FedAvg (the tables'
+    form) and vs the best baseline (`BASELINES`, FedStale at its best β), with the paper's
+    numbers where quoted. gain = (FedSteer - other) / other, on mean final accuracy."""
+    rows = []
+    for (dataset, gamma), grp in t1.groupby(["dataset", "gamma"], sort=True):
+        by_role = grp.set_index("role")
+        base = by_role.loc[[r for r in BASELINES if r in by_role.index]]
+        best = base["mean"].idxmax() if not base.empty and base["mean"].notna().any() else None
+        for r in FEDSTEER_ROLES:
+            if r not in by_role.index:
+                continue
+            steer = float(by_role.loc[r, "mean"])
+            avg = float(by_role.loc["fedavg", "mean"]) if "fedavg" in by_role.index else float("nan")
+            best_mean = float(base.loc[best, "mean"]) if best is not None else float("nan")
+            headline = HEADLINE_FEDSTEER.get(dataset) == r
+            rows.append({
+                "dataset": dataset, "gamma": float(gamma), "role": r, "method": ROLE_NAMES[r], "fedsteer": steer,
+                "fedavg": avg, "gain_vs_fedavg": steer / avg - 1 if avg else float("nan"),
+                "paper_gain_vs_fedavg": paper_value_for(dataset, gamma, "gain_vs_fedavg", r) if headline else np.nan,
+                "best_baseline": ROLE_NAMES[best] if best else None,
+                "best_baseline_label": by_role.loc[best, "label"] if best else None,
+                "best_baseline_mean": best_mean,
+                "gain_vs_best_baseline": steer / best_mean - 1 if best_mean else float("nan"),
+                "paper_gain_vs_best_baseline": paper_value_for(dataset, gamma, "gain_vs_best_baseline", r) if headline else np.nan,
+                "headline": headline,
+            })
+    return pd.DataFrame(rows)
+
+
+def gains_display(g: pd.DataFrame) -> pd.DataFrame:
+    """`gains` with percentages as '+8.8 %' strings and readable column names."""
+    cols = {"gamma": "γ", "method": "FedSteer variant", "fedsteer": "FedSteer", "fedavg": "FedAvg",
+            "gain_vs_fedavg": "gain vs FedAvg", "paper_gain_vs_fedavg": "paper",
+            "best_baseline": "best baseline", "best_baseline_mean": "its accuracy",
+            "gain_vs_best_baseline": "gain vs best baseline", "paper_gain_vs_best_baseline": "paper "}
+    out = g[list(cols)].rename(columns=cols)
+    for c in ("gain vs FedAvg", "paper", "gain vs best baseline", "paper "):
+        out[c] = out[c].map(format_pct)
+    return out.round(3)
+
+
+def fedstale_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """FedStale's mean final accuracy for every β (rows) and γ (columns), with the β Table 1
+    reports (best by test accuracy, as in the paper) marked."""
+    stale = by_role(runs, "fedstale").copy()
+    if stale.empty:
+        return pd.DataFrame()
+    stale["β"] = [float(s.get("beta")) for s in method_specs(stale)]
+    mean = stale.groupby(["β", "gamma"])["final_accuracy"].mean().unstack("gamma")
+    out = pd.DataFrame(index=mean.index)
+    for gamma in mean.columns:
+        best = mean[gamma].idxmax()
+        out[f"γ={gamma:g}"] = [f"{v:.3f}" + ("  ← reported (best on test)" if b == best else "")
+                               for b, v in mean[gamma].items()]
+    return out
+
+
+def subsample_table(main_runs: pd.DataFrame, sub_runs: pd.DataFrame) -> pd.DataFrame:
+    """Table 3: subsampled (N_sub = 20) vs full greedy core-set selection, per gamma, paired
+    by seed. Columns: full / subsampled mean, absolute drop (full - sub, accuracy points) and
+    relative drop ((full - sub) / full, on the means)."""
+    full = by_role(main_runs, "fedsteer")
+    sub = sub_runs[[s.name == "fedsteer" and s.get("subsample") != 0 for s in method_specs(sub_runs)]]
+    m = full.merge(sub, on=["dataset", "gamma", "seed"], suffixes=("_full", "_sub"))
+    rows = []
+    for (dataset, gamma), grp in m.groupby(["dataset", "gamma"], sort=True):
+        f, s = grp["final_accuracy_full"], grp["final_accuracy_sub"]
+        rows.append({"dataset": dataset, "gamma": float(gamma), "n": len(grp), "greedy (all N)": f.mean(),
+                     "subsampled": s.mean(), "drop (points)": (f - s).mean(),
+                     "drop (relative)": (f.mean() - s.mean()) / f.mean()})
+    return pd.DataFrame(rows)
+
+
+def compare_with_paper(t1: pd.DataFrame, gains_table: pd.DataFrame | None = None,
+                       subsample: pd.DataFrame | None = None, memory: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every number of `PAPER` next to ours (NaN where we have no run for it), with ours − paper.
+
+    Accuracies are compared as accuracies, gains and drops as fractions, the memory reduction
+    as a ratio. `status` says "compared" or why not (data set not run here, run missing).
+    """
+    have = set(t1["dataset"]) if not t1.empty else set()
+    g = gains_table if gains_table is not None else (gains(t1) if not t1.empty else pd.DataFrame())
+    rows = []
+    for p in PAPER:
+        ours, setting = float("nan"), ""
+        if p.quantity == "final_accuracy":
+            hit = t1[(t1["dataset"] == p.dataset) & np.isclose(t1["gamma"], p.gamma) & (t1["role"] == p.role)] if have else t1
+            if not hit.empty:
+                ours, setting = float(hit["mean"].iloc[0]), f"n={int(hit['n'].iloc[0])}"
+        elif p.quantity in ("gain_vs_fedavg", "gain_vs_best_baseline"):
+            hit = g[(g["dataset"] == p.dataset) & np.isclose(g["gamma"], p.gamma) & (g["role"] == p.role)] if not g.empty else g
+            if not hit.empty:
+                ours = float(hit[p.quantity].iloc[0])
+                setting = f"best baseline: {hit['best_baseline'].iloc[0]}" if p.quantity == "gain_vs_best_baseline" else ""
+        elif p.quantity == "min_gain_vs_best_baseline" and not g.empty:
+            head = g[g["headline"]]
+            if not head.empty:
+                ours = float(head["gain_vs_best_baseline"].min())
+                setting = f"min over {len(head)} setting(s) run here"
+        elif p.quantity == "subsample_drop" and subsample is not None and not subsample.empty:
+            ours = float(subsample["drop (relative)"].mean())
+            setting = (f"relative, mean over γ ∈ {sorted(subsample['gamma'])}; absolute: "
+                       f"{subsample['drop (points)'].mean():+.3f}")
+        elif p.quantity == "memory_reduction" and memory is not None and not memory.empty:
+            steer = memory[memory["core_size"].notna()]
+            if not steer.empty and steer["fedvarp_over_this"].notna().any():
+                idx = (steer["core_size"] - 10).abs().idxmin()
+                ours = float(steer.loc[idx, "fedvarp_over_this"])
+                setting = f"measured at |X|={int(steer.loc[idx, 'core_size'])}, N=100"
+        if p.dataset is not None and p.dataset not in have:
+            status = f"not run here ({p.dataset}): the paper's number only"
+        elif ours != ours:
+            status = "no run of ours for this number"
+        else:
+            status = "compared"
+        rows.append({"key": p.key, "data set": p.dataset or "all", "γ": p.gamma if p.gamma is not None else np.nan,
+                     "quantity": p.quantity, "method": ROLE_NAMES.get(p.role, "—") if p.role else "—",
+                     "paper": p.value, "ours": ours, "ours − paper": ours - p.value if ours == ours else np.nan,
+                     "our setting": setting, "status": status, "section": p.section, "sentence": plain(p.quote)})
+    return pd.DataFrame(rows)
+
+
+def compare_display(compare: pd.DataFrame) -> pd.DataFrame:
+    """`compare_with_paper` for reading: accuracies to 3 decimals, gains and drops as percentages
+    (their differences in percentage points, pp), the memory ratio with a '×'."""
+    out = compare[["data set", "γ", "quantity", "method", "paper", "ours", "ours − paper", "our setting", "status"]].copy()
+    for col in ("paper", "ours", "ours − paper"):
+        out[col] = [
+            "—" if v != v else
+            (f"{100 * v:+.1f} pp" if ("gain" in q or "drop" in q) and col == "ours − paper" else
+             format_pct(v, signed=False) if ("gain" in q or "drop" in q) else
+             f"{v:+.1f}×" if q == "memory_reduction" and col == "ours − paper" else
+             f"{v:.1f}×" if q == "memory_reduction" else
+             f"{v:+.3f}" if col == "ours − paper" else f"{v:.3f}")
+            for v, q in zip(compare[col], compare["quantity"])]
+    out["γ"] = out["γ"].map(lambda v: "—" if v != v else f"{v:g}")
+    return out
+
+
+def choices_table() -> pd.DataFrame:
+    """The choices we made where the paper is silent, each rendered from the code that makes it."""
+    import inspect
+
+    from .. import engine, strategies, tuning
+    from ..config import METHODS, TUNED
+
+    def first_line(obj) -> str:
+        return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split()).rstrip(".")
+
+    def between(doc: str, start: str, stop: str | None) -> str:
+        """The docstring text from `start` up to (not including) `stop`, on one line."""
+        i = doc.find(start)
+        j = doc.find(stop, i + 1) if stop else -1
+        return " ".join(doc[i: j if j > i else None].split()) if i >= 0 else ""
+
+    steer_doc = inspect.getdoc(strategies.FedSteer) or ""
+    ordering = between(steer_doc, 'ordering="unbiased"', 'ordering="as_written"')
+    refresh = between(steer_doc, "refresh_every=R", "Core members")
+    protocol = between(inspect.getdoc(tuning) or "", "Protocol:", None)
+    prepare_src = inspect.getsource(engine.prepare)
+    augmented = any(w in prepare_src.lower() for w in ("augment", "flip", "crop"))
+    return pd.DataFrame([
+        ("training hyperparameters (E, batch size, learning rates)", protocol, "tuning, config.TUNED"),
+        ("hyperparameters of EMNIST and CIFAR-10",
+         "the Fashion-MNIST choice (not tuned on their own data)" if TUNED["emnist"] == TUNED["fmnist"]
+         and TUNED["cifar10"] == TUNED["fmnist"] else "tuned per data set (config.TUNED)", "config.TUNED"),
+        ("FedAvg in the tables", first_line(strategies.FedAvg)
+         + "; the unbiased form is reported as well: " + first_line(strategies.FedAvgUnbiased), "strategies.FedAvg"),
+        ("FedSteer estimator ordering", f"default ordering={METHODS['fedsteer']['ordering']!r}: " + ordering,
+         "strategies.FedSteer"),
+        ("enforce=5", refresh, "strategies.FedSteer (refresh_every, enforce_every)"),
+        ("FedStale β in Table 1", FEDSTALE_NOTE + "; all five β are shown in chapter 6", "book.tables.table1"),
+        ("EMNIST split", f"{DATASET_DEFAULTS['emnist']['split']!r} ({NUM_CLASSES['emnist']} classes)",
+         "config.DATASET_DEFAULTS"),
+        ("data augmentation", "none: images are only scaled to [0, 1] and standardised per channel"
+         if not augmented else "applied in engine.prepare", "engine.prepare"),
+        ("collapse", "a run stops and is marked collapsed at the first non-finite update; chapter 6 also counts runs "
+         "that end below 1.5 × chance accuracy (the paper's sense)", "engine.run, book.stats.collapse_counts"),
+    ], columns=["where the paper is silent", "our choice", "in the code"])
+
+
+def model_table() -> pd.DataFrame:
+    """Each data set's model and its number of trainable parameters d (built, not typed)."""
+    from ..models import MODEL_FOR_DATASET, build_model, num_parameters
+
+    shapes = {"fmnist": (10, 1), "emnist": (NUM_CLASSES["emnist"], 1), "cifar10": (10, 3)}
+    rows = []
+    for ds, (classes, channels) in shapes.items():
+        model = build_model(ds, classes, channels)
+        rows.append({"data set": DATASET_NAMES[ds], "model": MODEL_FOR_DATASET[ds].__name__, "classes": classes,
+                     "parameters": num_parameters(model)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,92 @@
+"""fedsteer_lib.book.methods: a run's Table 1 role, its labels for reading and its names, all read
+from the method columns of the results tables (never parsed back from a label)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedsteer_lib.book import methods
+from fedsteer_lib.config import METHODS, method, paper_methods
+from fedsteer_lib.results import METHOD_PARAMETERS, method_columns
+
+
+def _table(specs, dataset="fmnist") -> pd.DataFrame:
+    """A runs table's method columns for `specs`, one row each."""
+    return pd.DataFrame([{"dataset": dataset, "method": s.name, "label": s.label, **method_columns(s)} for s in specs])
+
+
+@pytest.mark.parametrize("spec, dataset, expected", [
+    (method("fedsteer"), "fmnist", "fedsteer"),
+    (method("fedsteer", warmup_cycles=2), "fmnist", "fedsteer"),
+    (method("fedsteer", refresh_every=5, warmup_cycles=2), "fmnist", "fedsteer_enforce5"),
+    (method("fedsteer", core_size=10), "emnist", "fedsteer"),
+    (method("fedsteer", core_size=10), "fmnist", None),
+    (method("fedsteer", core_size=10, refresh_every=5), "emnist", "fedsteer_enforce5"),
+    (method("fedsteer", ordering="as_written"), "fmnist", None),
+    (method("fedsteer", subsample=20), None, None),
+    (method("fedstale", beta=0.6), "fmnist", "fedstale"),
+    (method("fedvarp"), "fmnist", "fedvarp"),
+    (method("fedvarp", warmup_cycles=5), "fmnist", None),
+    (method("fedprox"), "fmnist", "fedprox"),
+    (method("fedprox", mu=0.5), "fmnist", None),
+    (method("full"), None, "full"),
+])
+def test_role(spec, dataset, expected):
+    assert methods.role(spec, dataset) == expected
+    if dataset is not None:  # the same from a runs table's columns
+        assert methods.roles(_table([spec], dataset)).tolist() == [expected]
+
+
+def test_paper_methods_cover_every_role():
+    for dataset in ("fmnist", "emnist", "cifar10"):
+        roles = [methods.role(m, dataset) for m in paper_methods(dataset)]
+        assert set(roles) == set(methods.ROLES)
+        assert roles.count("fedstale") == 5
+        assert methods.roles(_table(paper_methods(dataset), dataset)).tolist() == roles
+
+
+def test_method_columns_and_specs_round_trip():
+    assert list(METHOD_PARAMETERS) == list(dict.fromkeys(k for p in METHODS.values() for k in p))
+    cols = method_columns(method("fedsteer", core_size=10, lam=0.0))
+    assert cols["core_size"] == 10 and isinstance(cols["core_size"], int) and cols["lam"] == 0.0
+    assert cols["refresh_every"] == 1  # the METHODS default
+    assert cols["beta"] is None and cols["mu"] is None  # not parameters of fedsteer
+    specs = [method("fedsteer", core_size=10, lam=0.0), method("fedsteer"), method("fedsteer", ordering="as_written"),
+             method("fedstale", beta=0.5), method("fedavg"), method("fedprox", mu=0.5), method("mifa", start="wait_all")]
+    table = _table(specs)
+    back = methods.method_specs(table)
+    assert list(back) == specs and [s.label for s in back] == list(table["label"])
+    # a table whose integer columns were upcast to float next to missing values reads the same
+    upcast = table.astype({"core_size": float, "refresh_every": float})
+    assert upcast["core_size"].iloc[0] == 10.0 and np.isnan(upcast["core_size"].iloc[3])
+    assert list(methods.method_specs(upcast)) == specs
+    with pytest.raises(ValueError, match="method columns"):
+        methods.method_specs(table.drop(columns="lam"))
+
+
+def test_by_role():
+    table = _table(paper_methods("fmnist") + [method("fedsteer", ordering="as_written")])
+    assert list(methods.by_role(table, "fedstale")["beta"]) == [0.5, 0.6, 0.7, 0.8, 0.9]
+    assert list(methods.by_role(table, "fedsteer")["label"]) == ["fedsteer"]
+    assert methods.by_role(table.iloc[:0], "fedsteer").empty
+
+
+def test_clean_label_and_names():
+    assert methods.clean_label(method("fedsteer", core_size=5, lam=0.0, refresh_every=5, warmup_cycles=2)) == \
+        "fedsteer(core_size=5, lam=0.0, refresh_every=5)"
+    assert methods.clean_label(method("fedsteer", warmup_cycles=2)) == "fedsteer"
+    assert methods.clean_label(method("fedvarp", warmup_cycles=2)) == "fedvarp(warmup_cycles=2)"
+    assert methods.clean_label(method("fedstale")) == "fedstale(beta=0.7)"
+    assert methods.clean_label(method("fedstale", beta=0.5)) == "fedstale(beta=0.5)"
+    table = _table([method("fedsteer", lam=0.0, warmup_cycles=2), method("fedstale")])
+    assert methods.clean_labels(table).tolist() == ["fedsteer(lam=0.0)", "fedstale(beta=0.7)"]
+    assert methods.table_name(method("fedsteer", refresh_every=5), "fmnist") == "FedSteer (enforce=5)"
+    assert methods.table_name(method("fedstale", beta=0.6), "fmnist") == "FedStale (β=0.6)"
+    assert methods.table_name(method("fedsteer", core_size=10), "fmnist") == "FedSteer (|X|=10)"
+    assert methods.display_name("fedsteer(core_size=10, lam=0.0, refresh_every=5)") == "FedSteer (|X|=10, λ=0.0, enforce=5)"
+    assert methods.method_display("fedstale") == "FedStale (β=0.7)"
+    assert methods.method_order(["fedprox", "fedsteer(lam=0.0)", "full", "fedsteer", "zzz"]) == \
+        ["full", "fedsteer", "fedsteer(lam=0.0)", "fedprox", "zzz"]
+    colours = methods.palette(["full", "fedsteer", "fedavg"])
+    assert colours["full"] == (0.0, 0.0, 0.0) and colours["fedsteer"] != colours["fedavg"]

@@ -1,0 +1,35 @@
+"""results.runs_table / history_table carry one column per method parameter, as the config holds it."""
+from __future__ import annotations
+
+from fedsteer_lib.config import FLSystem, RunConfig, Training, method
+from fedsteer_lib.engine import RunResult
+from fedsteer_lib.results import METHOD_PARAMETERS, history_table, runs_table, save_run
+
+SUMMARY = {"final_accuracy": 0.5, "mean_last_accuracy": 0.5, "final_loss": 1.0, "collapsed": False,
+           "collapse_round": None, "server_memory_bytes": 0, "wall_time": 1.0}
+
+
+def _save(root, spec):
+    config = RunConfig(method=spec, system=FLSystem(gamma=0.9), training=Training(rounds=2)).validate()
+    history = [{"round": t, "accuracy": 0.5, "loss": 1.0} for t in range(3)]
+    save_run(RunResult(config=config.to_dict(), history=history, summary=SUMMARY, extras={}), config, root)
+    return config
+
+
+def test_runs_and_history_tables_have_the_method_parameters(tmp_path):
+    specs = [method("fedsteer", core_size=10, lam=0.0, refresh_every=5), method("fedavg"), method("fedstale", beta=0.5),
+             method("fedprox", mu=0.5, weighting="unbiased")]
+    configs = [_save(tmp_path, s) for s in specs]
+    runs = runs_table(configs, tmp_path)
+    assert set(METHOD_PARAMETERS) <= set(runs.columns) and list(runs["label"]) == [s.label for s in specs]
+    steer, avg, stale, prox = (runs.iloc[i] for i in range(4))
+    assert (steer["core_size"], steer["lam"], steer["refresh_every"], steer["ordering"]) == (10, 0.0, 5, "unbiased")
+    assert type(steer["core_size"]) is int  # as the config holds it, not 10.0
+    assert steer["subsample"] == 0 and steer["enforce_every"] == 0 and steer["warmup_cycles"] == 5  # defaults
+    assert all(avg[k] is None for k in METHOD_PARAMETERS)  # fedavg has no parameter
+    assert stale["beta"] == 0.5 and stale["core_size"] is None
+    assert (prox["mu"], prox["weighting"]) == (0.5, "unbiased") and prox["beta"] is None
+    curves = history_table(configs, tmp_path)
+    assert len(curves) == 12 and set(METHOD_PARAMETERS) <= set(curves.columns)
+    assert curves.drop_duplicates("label")["core_size"].tolist() == [10, None, None, None]
+    assert runs_table([], tmp_path).empty
