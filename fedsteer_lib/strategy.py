@@ -25,7 +25,9 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["ServerContext", "LocalSpec", "MethodParams", "Strategy", "state_bytes"]
+__all__ = ["ServerContext", "LocalSpec", "MethodParams", "State", "Strategy", "state_bytes"]
+
+State = Any  # a strategy's memory: a dataclass of tensors (e.g. `FedSteerState`), or None
 
 
 @dataclass

@@ -10,10 +10,10 @@ import torch
 
 from fedsteer_lib.book import coordinates, selection, server_memory, variance
 from fedsteer_lib.book.methods import label_without_warmup
-from fedsteer_lib.config import Diagnostics, FLSystem, RunConfig, Training, method
+from fedsteer_lib.experiments.config import Diagnostics, FLSystem, RunConfig, Training, method
 from fedsteer_lib.coreset import SwapTrace, exhaustive_best, greedy_swap, objective
-from fedsteer_lib.engine import RunResult, prepare, run
-from fedsteer_lib.results import save_run
+from fedsteer_lib.simulator.engine import RunResult, prepare, run
+from fedsteer_lib.experiments.results import save_run
 from helpers import clustered
 
 

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book import methods
-from fedsteer_lib.config import METHODS, method, paper_methods
-from fedsteer_lib.results import METHOD_PARAMETERS, method_columns
+from fedsteer_lib.experiments.config import METHODS, method, paper_methods
+from fedsteer_lib.experiments.results import METHOD_PARAMETERS, method_columns
 
 
 def _table(specs, dataset="fmnist") -> pd.DataFrame:

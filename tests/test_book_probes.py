@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from fedsteer_lib.book import aggregation, alignment, clients, geometry, snapshots
-from fedsteer_lib.config import FLSystem, Training, method
-from fedsteer_lib.partition import build_federation, participation_schedule, staleness
+from fedsteer_lib.experiments.config import FLSystem, Training, method
+from fedsteer_lib.simulator.partition import build_federation, participation_schedule, staleness
 from fedsteer_lib.projection import normalized_basis, reconstruct, ridge_coordinates, steered_update, update_variance
-from fedsteer_lib.strategies import ServerContext, make_strategy
+from fedsteer_lib.experiments.registry import ServerContext, make_strategy
 from helpers import participation_sets
 
 
@@ -380,8 +380,8 @@ def test_probe_table_and_alignment_by_staleness():
 # --- real client updates (small system) ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_sim():
-    from fedsteer_lib.config import RunConfig
-    from fedsteer_lib.engine import prepare
+    from fedsteer_lib.experiments.config import RunConfig
+    from fedsteer_lib.simulator.engine import prepare
 
     return prepare(RunConfig(system=FLSystem(num_clients=10, gamma=0.7), seed=1))
 
@@ -390,7 +390,7 @@ TINY = Training(rounds=3, local_epochs=1, batch_size=32, client_lr=0.05)
 
 
 def test_snapshot_is_seeded_and_matches_client_updates(small_sim):
-    from fedsteer_lib.engine import client_updates
+    from fedsteer_lib.simulator.engine import client_updates
 
     a = snapshots.snapshot(small_sim, TINY, small_sim.initial_weights, seed=0)
     b = snapshots.snapshot(small_sim, TINY, small_sim.initial_weights, seed=0)

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book import claim_checks, methods, paper, plan, prose, server_memory, stats, tables
-from fedsteer_lib.config import method
-from fedsteer_lib.results import method_columns
+from fedsteer_lib.experiments.config import method
+from fedsteer_lib.experiments.results import method_columns
 
 # The methods of the hand-made tables below, by run label (`MethodSpec.label`).
 SPECS = {m.label: m for m in [
@@ -331,7 +331,7 @@ def test_memory_names():
 
 
 def test_describe_comparison_and_claims(t1):
-    from fedsteer_lib.config import PROFILES
+    from fedsteer_lib.experiments.config import PROFILES
 
     text = prose.describe_comparison(tables.compare_with_paper(t1), PROFILES["quick"])
     assert "**6** of the paper's 17 quoted numbers" in text  # 2 accuracies + 3 gains + the minimum gain
@@ -347,7 +347,7 @@ def test_describe_comparison_and_claims(t1):
 def test_profile_note_calls_few_seeds_of_the_paper_setting_partial():
     from dataclasses import replace
 
-    from fedsteer_lib.config import PROFILES
+    from fedsteer_lib.experiments.config import PROFILES
 
     paper = PROFILES["paper"]
     runs = pd.DataFrame({"rounds": [150, 150], "seed": [0, 0], "gamma": [0.7, 0.9]})

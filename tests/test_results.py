@@ -1,9 +1,9 @@
 """results.runs_table / history_table carry one column per method parameter, as the config holds it."""
 from __future__ import annotations
 
-from fedsteer_lib.config import FLSystem, RunConfig, Training, method
-from fedsteer_lib.engine import RunResult
-from fedsteer_lib.results import METHOD_PARAMETERS, history_table, runs_table, save_run
+from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
+from fedsteer_lib.simulator.engine import RunResult
+from fedsteer_lib.experiments.results import METHOD_PARAMETERS, history_table, runs_table, save_run
 
 SUMMARY = {"final_accuracy": 0.5, "mean_last_accuracy": 0.5, "final_loss": 1.0, "collapsed": False,
            "collapse_round": None, "server_memory_bytes": 0, "wall_time": 1.0}

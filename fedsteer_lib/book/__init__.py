@@ -18,7 +18,7 @@ simulator, split by what it does. Nothing outside this package imports it.
 `from fedsteer_lib.book import setup, results_root` is what every notebook starts with; the figures
 are `from fedsteer_lib.book import figures` (`figures.accuracy.plot_table1_bars`, ...).
 """
-from ..sweep import results_root
+from ..experiments.results import results_root
 from .context import REPO_ROOT, Book, setup
 
 __all__ = ["REPO_ROOT", "Book", "setup", "results_root"]

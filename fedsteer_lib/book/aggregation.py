@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import MethodSpec, method
-from ..partition import rng
-from ..strategies import ServerContext, State, Strategy, make_strategy
+from ..experiments.config import MethodSpec, method
+from ..simulator.partition import rng
+from ..experiments.registry import make_strategy
+from ..strategy import ServerContext, State, Strategy
 
 __all__ = ["MC_STREAM", "MonteCarlo", "monte_carlo", "exact_moments", "aggregation_coefficients",
            "variance_contributions", "estimator_table", "fedsteer_state", "fedvarp_state", "one_hot_fedsteer"]

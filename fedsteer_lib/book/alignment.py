@@ -39,7 +39,7 @@ def client_probe_table(payload: dict[str, Any], groups: pd.DataFrame | None = No
 def load_client_probes(configs: Iterable[Any], root: Any, labels: torch.Tensor, num_classes: int) -> pd.DataFrame:
     """`client_probe_table` of every stored run in `configs` (RunConfigs, results cache `root`),
     with each run's client groups (`client_groups`), concatenated."""
-    from ..results import load_run
+    from ..experiments.results import load_run
 
     frames = []
     for c in configs:

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import FLSystem
-from ..partition import Federation, build_federation, participation_schedule, staleness
+from ..experiments.config import FLSystem
+from ..simulator.partition import Federation, build_federation, participation_schedule, staleness
 
 __all__ = ["GROUPS", "group_labels", "group_table", "label_histograms", "staleness_table", "expected_staleness",
            "staleness_summary", "group_weights", "client_groups"]

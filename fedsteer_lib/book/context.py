@@ -15,9 +15,11 @@ import matplotlib
 import pandas as pd
 import seaborn as sns
 
-from ..config import DATASET_DEFAULTS, ConfigError, Profile, RunConfig, get_profile
-from ..results import history_table, runs_table
-from ..sweep import REPO_ROOT, missing, results_root, run_grid
+from ..experiments.config import DATASET_DEFAULTS, ConfigError, Profile, RunConfig, get_profile
+from ..experiments.results import history_table, results_root, runs_table
+from ..experiments.sweep import missing, run_grid
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["REPO_ROOT", "Book", "setup", "results_root"]
 

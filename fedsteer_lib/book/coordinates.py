@@ -27,7 +27,7 @@ def coords_histories(payload: Mapping[str, Any]) -> dict[int, np.ndarray]:
 def refresh_rounds(participation: Sequence[Sequence[int]], client: int, refresh_every: int) -> list[int]:
     """The rounds at which FedSteer recomputes s_i of `client` (Eq. 3): the client is active
     and at least `refresh_every` rounds have passed since its last refresh (the rule of
-    `strategies.FedSteer`; refresh_every=5 is the paper's enforce=5)."""
+    `fedsteer.FedSteer`; refresh_every=5 is the paper's enforce=5)."""
     if refresh_every < 1:
         raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
     out, last = [], None

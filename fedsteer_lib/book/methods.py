@@ -24,8 +24,11 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from ..config import DATASET_DEFAULTS, METHODS, MethodSpec, method
-from ..results import METHOD_PARAMETERS
+from ..experiments.config import DATASET_DEFAULTS, METHODS, MethodSpec, method
+from ..experiments.registry import METHODS as REGISTRY
+from ..experiments.registry import TABLE1_ROLES, role_of
+from ..experiments.registry import display_name as registered_name
+from ..experiments.results import METHOD_PARAMETERS
 
 __all__ = [
     "ROLES", "ROLE_NAMES", "BASELINES", "FEDSTEER_ROLES", "role", "method_specs", "roles", "by_role", "clean_label",
@@ -33,21 +36,14 @@ __all__ = [
     "method_display",
 ]
 
-ROLES: tuple[str, ...] = ("full", "fedsteer", "fedsteer_enforce5", "fedavg", "fedavg_unbiased", "fedvarp",
-                          "fedstale", "mifa", "scaffold", "fedprox")
-ROLE_NAMES: dict[str, str] = {
-    "full": "Full participation", "fedsteer": "FedSteer", "fedsteer_enforce5": "FedSteer (enforce=5)",
-    "fedavg": "FedAvg", "fedavg_unbiased": "FedAvg (unbiased)", "fedvarp": "FedVARP",
-    "fedstale": "FedStale (best β)", "mifa": "MIFA", "scaffold": "SCAFFOLD", "fedprox": "FedProx",
-}
-BASELINES: tuple[str, ...] = ("fedavg", "fedavg_unbiased", "fedvarp", "fedstale", "mifa", "scaffold", "fedprox")
-FEDSTEER_ROLES: tuple[str, ...] = ("fedsteer", "fedsteer_enforce5")
+# Table 1's rows, their names and the method names all come from `experiments.registry`.
+ROLES: tuple[str, ...] = TABLE1_ROLES
+ROLE_NAMES: dict[str, str] = {r: registered_name(r) for r in ROLES}
+FEDSTEER_ROLES: tuple[str, ...] = tuple(r for r in ROLES if r.startswith("fedsteer"))
+BASELINES: tuple[str, ...] = tuple(r for r in ROLES if r not in FEDSTEER_ROLES and r != "full")
 
-_NAMES = {
-    "fedavg": "FedAvg", "fedavg_unbiased": "FedAvg (unbiased)", "fedvarp": "FedVARP", "fedstale": "FedStale",
-    "scaffold": "SCAFFOLD", "mifa": "MIFA", "fedprox": "FedProx", "full": "Full participation", "fedsteer": "FedSteer",
-}
-_ORDER = ["full", "fedsteer", "fedavg", "fedavg_unbiased", "fedvarp", "fedstale", "mifa", "scaffold", "fedprox"]
+_NAMES = {name: info.display for name, info in REGISTRY.items()}
+_ORDER = list(REGISTRY)  # the registry lists the methods in the book's order
 
 
 # ------------------------------------------------------------------------------ a run's method
@@ -57,28 +53,17 @@ def _changed(spec: MethodSpec) -> set[str]:
 
 
 def role(spec: MethodSpec, dataset: str | None = None) -> str | None:
-    """The Table 1 row of a method, or None for a variant that is not in Table 1.
-
-    Warm-up length is ignored for FedSteer (the quick profile shortens it); for FedVARP and
-    MIFA a warm-up is the fair-start variant (no role). With `dataset`, FedSteer's |X| and
-    lambda must be that data set's defaults (`config.DATASET_DEFAULTS`).
-    """
-    name, changed = spec.name, _changed(spec)
-    if name == "fedsteer":
-        if changed - {"core_size", "lam", "warmup_cycles", "refresh_every"}:
-            return None
-        if dataset is not None:
-            dd = DATASET_DEFAULTS[dataset]
-            if spec.get("core_size") != dd["core_size"] or spec.get("lam") != dd["lam"]:
-                return None
-        return {1: "fedsteer", 5: "fedsteer_enforce5"}.get(spec.get("refresh_every"))
-    if name == "fedstale":
-        return "fedstale" if changed <= {"beta"} else None
-    if name == "fedprox":
-        return "fedprox" if changed <= {"mu"} and spec.get("mu") == 0.1 else None
-    if changed:  # e.g. fedvarp with warmup_cycles=5: the fair-start variant
-        return None
-    return name if name in ROLES else None
+    """The Table 1 row of a method (`experiments.registry.role_of`), or None for a variant that
+    is not in Table 1. Warm-up length is ignored for FedSteer (the quick profile shortens it);
+    for FedVARP and MIFA a warm-up is the fair-start variant (no role). With `dataset`,
+    FedSteer's |X| and lambda must be that data set's defaults (`config.DATASET_DEFAULTS`)."""
+    if spec.name == "fedsteer":
+        dd = DATASET_DEFAULTS[dataset] if dataset is not None else {"core_size": spec.get("core_size"), "lam": spec.get("lam")}
+        expected = {"core_size": dd["core_size"], "lam": dd["lam"]}
+    else:
+        expected = {}
+    r = role_of(spec.name, dict(spec.params), expected)
+    return r if r in ROLES else None
 
 
 def _value(default: Any, value: Any) -> Any:

@@ -3,7 +3,7 @@
 `main_configs` / `ablation_configs` only *build* the run configurations of a `Book` (Table 1's
 grid of chapters 6 and 9, the ablation groups of chapters 7 and 9, on the book's seeds);
 `tuning_evidence` and `remaining_runs` look into a results cache (which runs exist) without
-computing anything (chapter 9). The run groups themselves are defined in `fedsteer_lib.sweep`.
+computing anything (chapter 9). The run groups themselves are defined in `fedsteer_lib.experiments.groups`.
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from ..config import RunConfig, get_profile, paper_methods
-from ..sweep import FEW_SEED_GROUPS, ablation_grid, grid, missing, paper_grid
+from ..experiments.config import RunConfig, get_profile, paper_methods
+from ..experiments.groups import FEW_SEED_GROUPS, GROUP_SETS, ablation_grid
+from ..experiments.sweep import grid, missing
 from .methods import role
 from .paper import DATASET_NAMES
 
@@ -34,7 +35,7 @@ def main_configs(book, roles: Iterable[str] | None = None) -> list[RunConfig]:
 
 
 def ablation_configs(book) -> dict[str, list[RunConfig]]:
-    """`sweep.ablation_grid` for a `Book`: the profile's grids with the book's seeds (the
+    """`groups.ablation_grid` for a `Book`: the profile's grids with the book's seeds (the
     Fig. 5 grid keeps only the first `ablation_seeds` of them)."""
     groups = ablation_grid(book.dataset, book.profile.name, book.device)
     if tuple(get_profile(book.profile.name).seeds) == tuple(book.seeds):
@@ -52,9 +53,9 @@ def tuning_evidence(dataset: str = "fmnist", root=None) -> tuple[pd.DataFrame | 
     """The FedAvg-only tuning runs found under `root` (the paper profile's cache), and a
     Markdown sentence: what `tuning.select` picks and whether `config.TUNED` holds it, or that
     the runs are (partly) not computed yet. Never raises for missing runs."""
-    from ..config import TUNED
-    from ..results import has_run
-    from ..tuning import GRID, select, tuning_configs, tuning_table
+    from ..experiments.config import TUNED
+    from ..experiments.results import has_run
+    from ..experiments.tuning import GRID, select, tuning_configs, tuning_table
 
     configs = tuning_configs(dataset)
     present = [c for c in configs if has_run(c, root)]
@@ -85,21 +86,17 @@ def tuning_evidence(dataset: str = "fmnist", root=None) -> tuple[pd.DataFrame | 
 
 
 def remaining_runs(root=None, datasets: Sequence[str] = ("fmnist", "emnist", "cifar10")) -> pd.DataFrame:
-    """For the paper profile: per data set and group (Table 1 grid, each ablation, tuning), how
-    many runs are in the results cache under `root`, how many are missing, and the command."""
-    from ..tuning import tuning_configs
-
+    """For the paper profile: per data set and run group (`experiments.groups.GROUP_SETS`, the
+    same groups `status` and `sweep` iterate), how many runs are in the results cache under
+    `root`, how many are missing, and the command that computes them."""
     rows = []
     for ds in datasets:
-        groups = {"main (Table 1, Fig. 4)": paper_grid(ds, "paper"), **ablation_grid(ds, "paper")}
-        if ds == "fmnist":
-            groups["tuning (FedAvg, validation)"] = tuning_configs(ds)
-        for name, configs in groups.items():
-            todo = len(missing(configs, root))
-            cmd = (f"python -m fedsteer_lib tune --dataset {ds}" if name.startswith("tuning") else
-                   f"python -m fedsteer_lib sweep --profile paper --dataset {ds} --what "
-                   + ("main" if name.startswith("main") else "ablations")
-                   + (" --device cuda" if ds != "fmnist" else ""))
-            rows.append({"data set": DATASET_NAMES[ds], "group": name, "runs": len(configs),
-                         "cached": len(configs) - todo, "missing": todo, "command": cmd if todo else ""})
+        for what, build in GROUP_SETS.items():
+            for name, configs in build(ds, "paper", "cpu").items():
+                todo = len(missing(configs, root))
+                cmd = (f"python -m fedsteer_lib tune --dataset {ds}" if what == "tuning" else
+                       f"python -m fedsteer_lib sweep --profile paper --dataset {ds} --what {what}"
+                       + (" --device cuda" if ds != "fmnist" else ""))
+                rows.append({"data set": DATASET_NAMES[ds], "group": name, "runs": len(configs),
+                             "cached": len(configs) - todo, "missing": todo, "command": cmd if todo else ""})
     return pd.DataFrame(rows)

@@ -22,7 +22,7 @@ __all__ = ["profile_note", "smoke_test_note", "describe_gains", "describe_metric
 def profile_note(profile, runs: pd.DataFrame) -> str:
     """A Markdown sentence on how big the runs behind a chapter are, compared with the paper's
     setting (`config.PROFILES["paper"]`); quick-profile numbers are called a smoke test."""
-    from ..config import PROFILES
+    from ..experiments.config import PROFILES
 
     paper = PROFILES["paper"]
     rounds = sorted(set(runs["rounds"])) if not runs.empty else [profile.rounds]

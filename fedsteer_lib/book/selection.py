@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import RunConfig
+from ..experiments.config import RunConfig
 from ..coreset import SwapTrace, exhaustive_best, greedy_swap, objective_from_gram
 
 __all__ = ["WarmupRecord", "warmup_record", "gram_factor", "total_energy", "relative_objective",
@@ -66,7 +66,7 @@ def warmup_record(sim, config: RunConfig) -> WarmupRecord:
     `warmup_snapshot`, so the J traces are the ones a real run stores in `extras["swap_trace"]`.
     `sim` is `engine.prepare(config)`.
     """
-    from .. import engine  # late import: engine imports the data stack
+    from ..simulator import engine  # late import: engine imports the data stack
 
     if config.method.name != "fedsteer":
         raise ValueError(f"warmup_record needs a fedsteer config, got {config.method.name!r}")
@@ -156,7 +156,7 @@ def selection_comparison(grams: Sequence[torch.Tensor], weights: torch.Tensor, k
     - "greedy": Algorithm 3, i.e. up to `max_swaps` best single swaps on each snapshot in turn
       (one per selection cycle), each cycle starting from the previous cycle's core;
     - "subsampled": the same, but each cycle only considers swapping in clients from
-      `n_sub` random candidates (paper §8.3, N_sub = 20), as `strategies.FedSteer` does;
+      `n_sub` random candidates (paper §8.3, N_sub = 20), as `fedsteer.FedSteer` does;
     - "greedy (converged)": on the last snapshot only, swaps until no swap lowers J (a local
       optimum of the swap neighbourhood; the reference for the swap budget). Only if
       `converged` (it costs many swaps for large k).

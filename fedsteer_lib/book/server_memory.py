@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import MethodSpec
-from ..strategies import ServerContext, make_strategy
+from ..experiments.config import MethodSpec
+from ..experiments.registry import make_strategy
+from ..strategy import ServerContext
 from .methods import clean_label, display_name, method_specs
 
 __all__ = ["state_bytes", "memory_formula", "server_memory_table", "run_memory_table"]

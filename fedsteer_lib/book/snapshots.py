@@ -21,10 +21,11 @@ from typing import Sequence
 
 import torch
 
-from ..config import MethodSpec, Training, method
-from ..engine import SimData, client_updates
-from ..partition import Federation, participation_schedule, rng
-from ..strategies import ServerContext, State, Strategy, make_strategy
+from ..experiments.config import MethodSpec, Training, method
+from ..simulator.engine import SimData, client_updates
+from ..simulator.partition import Federation, participation_schedule, rng
+from ..experiments.registry import make_strategy
+from ..strategy import ServerContext, State, Strategy
 
 __all__ = ["SNAPSHOT_STREAM", "TRAJECTORY_STREAM", "torch_generator", "snapshot", "fedavg_rounds", "SnapshotPair",
            "snapshot_pair", "Trajectory", "trajectory", "span_embedding", "server_context"]

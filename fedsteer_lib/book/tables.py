@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..config import DATASET_DEFAULTS
+from ..experiments.config import DATASET_DEFAULTS
 from .methods import BASELINES, FEDSTEER_ROLES, ROLE_NAMES, ROLES, by_role, method_specs
 from .paper import DATASET_NAMES, HEADLINE_FEDSTEER, NUM_CLASSES, PAPER, paper_value_for, plain
 from .stats import format_pct, summarize
@@ -255,8 +255,10 @@ def choices_table() -> pd.DataFrame:
     """The choices we made where the paper is silent, each rendered from the code that makes it."""
     import inspect
 
-    from .. import engine, strategies, tuning
-    from ..config import METHODS, TUNED
+    from ..experiments import tuning
+    from ..fedsteer import FedSteer
+    from ..simulator import baselines, engine
+    from ..experiments.config import METHODS, TUNED
 
     def first_line(obj) -> str:
         return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split()).rstrip(".")
@@ -267,7 +269,7 @@ def choices_table() -> pd.DataFrame:
         j = doc.find(stop, i + 1) if stop else -1
         return " ".join(doc[i: j if j > i else None].split()) if i >= 0 else ""
 
-    steer_doc = inspect.getdoc(strategies.FedSteer) or ""
+    steer_doc = inspect.getdoc(FedSteer) or ""
     ordering = between(steer_doc, 'ordering="unbiased"', 'ordering="as_written"')
     refresh = between(steer_doc, "refresh_every=R", "Core members")
     protocol = between(inspect.getdoc(tuning) or "", "Protocol:", None)
@@ -278,11 +280,11 @@ def choices_table() -> pd.DataFrame:
         ("hyperparameters of EMNIST and CIFAR-10",
          "the Fashion-MNIST choice (not tuned on their own data)" if TUNED["emnist"] == TUNED["fmnist"]
          and TUNED["cifar10"] == TUNED["fmnist"] else "tuned per data set (config.TUNED)", "config.TUNED"),
-        ("FedAvg in the tables", first_line(strategies.FedAvg)
-         + "; the unbiased form is reported as well: " + first_line(strategies.FedAvgUnbiased), "strategies.FedAvg"),
+        ("FedAvg in the tables", first_line(baselines.FedAvg)
+         + "; the unbiased form is reported as well: " + first_line(baselines.FedAvgUnbiased), "simulator.baselines.FedAvg"),
         ("FedSteer estimator ordering", f"default ordering={METHODS['fedsteer']['ordering']!r}: " + ordering,
-         "strategies.FedSteer"),
-        ("enforce=5", refresh, "strategies.FedSteer (refresh_every, enforce_every)"),
+         "fedsteer.FedSteer"),
+        ("enforce=5", refresh, "fedsteer.FedSteer (refresh_every, enforce_every)"),
         ("FedStale β in Table 1", FEDSTALE_NOTE + "; all five β are shown in chapter 6", "book.tables.table1"),
         ("EMNIST split", f"{DATASET_DEFAULTS['emnist']['split']!r} ({NUM_CLASSES['emnist']} classes)",
          "config.DATASET_DEFAULTS"),
@@ -295,7 +297,7 @@ def choices_table() -> pd.DataFrame:
 
 def model_table() -> pd.DataFrame:
     """Each data set's model and its number of trainable parameters d (built, not typed)."""
-    from ..models import MODEL_FOR_DATASET, build_model, num_parameters
+    from ..simulator.models import MODEL_FOR_DATASET, build_model, num_parameters
 
     shapes = {"fmnist": (10, 1), "emnist": (NUM_CLASSES["emnist"], 1), "cifar10": (10, 3)}
     rows = []

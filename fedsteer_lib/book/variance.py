@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..config import RunConfig
+from ..experiments.config import RunConfig
 from .methods import label_without_warmup
 
 __all__ = ["variance_probe_table", "variance_term_summary"]
@@ -31,7 +31,7 @@ def variance_probe_table(configs: Sequence[RunConfig], root) -> pd.DataFrame:
     quantity in Theorem 2's partial-update variance term), bias_sq (||E Delta - sum_i d_i g_i||^2),
     target_norm_sq (||sum_i d_i g_i||^2) and relative_mse = mse_to_mean / target_norm_sq.
     """
-    from ..results import load_run
+    from ..experiments.results import load_run
 
     rows = []
     for c in configs:

@@ -72,8 +72,16 @@ class MethodInfo:
         return {k: p.default for k, p in self.params.items()}
 
 
-# Colours: FedSteer, FedAvg and full participation stand out; the other baselines are muted.
+# In the book's order. Colours: FedSteer, FedAvg and full participation stand out; the other
+# baselines are muted.
 METHODS: dict[str, MethodInfo] = {m.name: m for m in [
+    MethodInfo("full", FullParticipation, "Full participation", "#000000",
+               summary="every client every round (the upper bound)"),
+    MethodInfo("fedsteer", FedSteer, "FedSteer", "#D55E00", {
+        "core_size": _CORE, "lam": _real(0.5), "refresh_every": _int(1, low=1),
+        "ordering": _one_of(ORDERINGS, "unbiased"), "warmup_cycles": _int(5), "max_swaps": _int(5),
+        "subsample": _SUBSAMPLE, "selection": _one_of(SELECTIONS, "greedy"), "enforce_every": _int(0, late=True)},
+        summary="corrective projections onto the core set's subspace (Eq. 4)"),
     MethodInfo("fedavg", FedAvg, "FedAvg", "#0072B2",
                summary="normalised average of the active clients (the tables' FedAvg)"),
     MethodInfo("fedavg_unbiased", FedAvgUnbiased, "FedAvg (unbiased)", "#56B4E9",
@@ -90,13 +98,6 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in [
     MethodInfo("fedprox", FedProx, "FedProx", "#8C6D31",
                {"mu": _real(0.1), "weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
                summary="proximal term (mu/2)||w - w_t||^2 in the local objective"),
-    MethodInfo("full", FullParticipation, "Full participation", "#000000",
-               summary="every client every round (the upper bound)"),
-    MethodInfo("fedsteer", FedSteer, "FedSteer", "#D55E00", {
-        "core_size": _CORE, "lam": _real(0.5), "refresh_every": _int(1, low=1),
-        "ordering": _one_of(ORDERINGS, "unbiased"), "warmup_cycles": _int(5), "max_swaps": _int(5),
-        "subsample": _SUBSAMPLE, "selection": _one_of(SELECTIONS, "greedy"), "enforce_every": _int(0, late=True)},
-        summary="corrective projections onto the core set's subspace (Eq. 4)"),
 ]}
 
 
@@ -128,7 +129,7 @@ ROLES: dict[str, Role] = {r.key: r for r in [
     Role("fedavg", "FedAvg", "fedavg"),
     Role("fedavg_unbiased", "FedAvg (unbiased)", "fedavg_unbiased"),
     Role("fedvarp", "FedVARP", "fedvarp"),
-    Role("fedstale", "FedStale", "fedstale", free=("beta",)),
+    Role("fedstale", "FedStale (best β)", "fedstale", free=("beta",)),
     Role("mifa", "MIFA", "mifa"),
     Role("scaffold", "SCAFFOLD", "scaffold"),
     Role("fedprox", "FedProx", "fedprox"),
