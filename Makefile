@@ -15,7 +15,7 @@ SEEDS    ?=
 WORKERS  ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 CHAPTERS  := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(NOTEBOOKS))
-LIB       := $(wildcard fedsteer_lib/*.py)
+LIB       := $(shell find fedsteer_lib -name "*.py")
 MATHJAX   := book/_static/mathjax/tex-chtml.js
 FMNIST_STAMP := data/.fmnist-ok
 

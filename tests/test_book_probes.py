@@ -11,7 +11,9 @@ from fedsteer_lib.book import aggregation, alignment, clients, geometry, snapsho
 from fedsteer_lib.experiments.config import FLSystem, Training, method
 from fedsteer_lib.simulator.partition import build_federation, participation_schedule, staleness
 from fedsteer_lib.projection import normalized_basis, reconstruct, ridge_coordinates, steered_update, update_variance
-from fedsteer_lib.experiments.registry import ServerContext, make_strategy
+from fedsteer_lib.experiments.registry import make_strategy
+from fedsteer_lib.simulator.baselines import MemoryState
+from fedsteer_lib.strategy import ServerContext
 from helpers import participation_sets
 
 
@@ -181,7 +183,7 @@ def test_exact_moments_theorem_1_for_eq4(problem):
     grads, stale, weights, probs = problem
     grads, stale = grads.double(), stale.double()
     ctx = ServerContext(weights=weights, probs=probs, dim=grads.shape[1], device=torch.device("cpu"), client_lr=0.05)
-    varp, vstate = make_strategy(method("fedvarp")), {"h": stale}
+    varp, vstate = make_strategy(method("fedvarp")), MemoryState(h=stale)
     mean, var = aggregation.exact_moments(varp, vstate, ctx, grads)
     assert torch.allclose(mean, weights @ grads, atol=1e-12)
     assert var == pytest.approx(update_variance(grads, stale, weights, probs), rel=1e-10)
@@ -195,10 +197,10 @@ def test_monte_carlo_leaves_the_state_unchanged(problem):
     grads, stale, weights, probs = problem
     ctx = _ctx(weights, probs, grads.shape[1])
     strategy, state = aggregation.fedsteer_state(method("fedsteer", core_size=3, lam=0.5, ordering="as_written"), ctx, stale)
-    before = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    before = {k: v.clone() for k, v in vars(state).items() if isinstance(v, torch.Tensor)}
     aggregation.monte_carlo(strategy, state, ctx, grads, draws=50, seed=0)
     for k, v in before.items():
-        assert torch.equal(state[k], v), k
+        assert torch.equal(getattr(state, k), v), k
     with pytest.raises(ValueError, match="draws"):
         aggregation.monte_carlo(strategy, state, ctx, grads, draws=1)
 
@@ -266,11 +268,11 @@ def test_fedsteer_state_caches_eq3_coordinates_of_the_snapshot(problem):
     _, stale, weights, probs = problem
     ctx = _ctx(weights, probs, stale.shape[1])
     strategy, state = aggregation.fedsteer_state(method("fedsteer", core_size=3, lam=0.5), ctx, stale)
-    core = state["core"].tolist()
+    core = state.core.tolist()
     assert len(set(core)) == 3
     q = normalized_basis(stale[core])
-    assert torch.allclose(state["basis"], q, atol=1e-6)
-    assert torch.allclose(state["coords"], ridge_coordinates(q, stale, 0.5), atol=1e-5)
+    assert torch.allclose(state.basis, q, atol=1e-6)
+    assert torch.allclose(state.coords, ridge_coordinates(q, stale, 0.5), atol=1e-5)
     assert torch.allclose(strategy.estimates(state, ctx), reconstruct(q, ridge_coordinates(q, stale, 0.5)), atol=1e-5)
     with pytest.raises(ValueError, match="fedsteer"):
         aggregation.fedsteer_state(method("fedavg"), ctx, stale)
@@ -411,13 +413,13 @@ def test_trajectory_state_memory_and_staleness(small_sim):
     for t in range(4):
         last[sched[t]] = t
     assert torch.equal(traj.staleness, 4 - last)
-    assert traj.state["round"] == 4
+    assert traj.state.round == 4
     never = last < 0
     warm = snapshots.snapshot(small_sim, TINY, small_sim.initial_weights, seed=0)
     assert torch.equal(traj.memory[never], warm[never])  # not seen since the warm-up: h_i = warm-up snapshot
     assert traj.true.shape == warm.shape and not torch.equal(traj.true, warm)
     st_e, h_e, g_e = traj.embedded()
-    assert h_e.shape[0] == g_e.shape[0] == 10 and st_e["basis"].shape == (3, h_e.shape[1])
+    assert h_e.shape[0] == g_e.shape[0] == 10 and st_e.basis.shape == (3, h_e.shape[1])
     full = float(update_variance(traj.true, traj.strategy.estimates(traj.state, traj.ctx), traj.ctx.weights, traj.ctx.probs))
     ctx_e = traj.context(h_e.shape[1])
     emb = float(update_variance(g_e, traj.strategy.estimates(st_e, ctx_e), ctx_e.weights, ctx_e.probs))

@@ -16,6 +16,7 @@ import pandas as pd
 import seaborn as sns
 
 from ..experiments.config import DATASET_DEFAULTS, ConfigError, Profile, RunConfig, get_profile
+from ..experiments.groups import IN_PROGRESS
 from ..experiments.results import history_table, results_root, runs_table
 from ..experiments.sweep import missing, run_grid
 
@@ -46,6 +47,19 @@ class Book:
     def runs(self, configs: Sequence[RunConfig], desc: str = "runs") -> pd.DataFrame:
         """One row per run (computing the missing ones first), with one column per method parameter."""
         return runs_table(self.ensure(configs, desc), self.root)
+
+    def runs_so_far(self, configs: Sequence[RunConfig], group: str, desc: str = "runs") -> tuple[pd.DataFrame, int]:
+        """(runs table, number of runs not shown). For a group of the committed paper-profile
+        results that is still being computed (`experiments.groups.IN_PROGRESS`) only the cached
+        runs, and the count of the missing ones, which the chapter states: a book build never
+        starts hours of computing (`python -m fedsteer_lib sweep --what ...` does). Any other
+        group, or any other profile, computes what is missing first, as `runs` does."""
+        configs = list(configs)
+        if group in IN_PROGRESS and self.profile.name == "paper":
+            lacking = {c.key() for c in missing(configs, self.root)}
+            have = [c for c in configs if c.key() not in lacking]
+            return runs_table(have, self.root), len(configs) - len(have)
+        return self.runs(configs, desc), 0
 
     def curves(self, configs: Sequence[RunConfig]) -> pd.DataFrame:
         """One row per (run, round) (the runs must exist)."""

@@ -80,15 +80,15 @@ def warmup_record(sim, config: RunConfig) -> WarmupRecord:
     grams, init_cores, cores = [], [], []
     for cycle in range(cycles):
         grads, _, _ = engine.client_updates(sim, tr, weights, list(range(ctx.num_clients)), gen)
-        init_cores.append(state["core"].tolist())
+        init_cores.append(state.core.tolist())
         strategy.warmup_snapshot(state, ctx, grads, cycle, last=cycle == cycles - 1)
-        cores.append(state["core"].tolist())
+        cores.append(state.core.tolist())
         g64 = grads.double()
         grams.append((g64 @ g64.T).cpu())
         del g64
         weights = weights - tr.server_lr * (ctx.weights @ grads)
     return WarmupRecord(grams=grams, init_cores=init_cores, cores=cores,
-                        traces=[list(t) for t in state["swap_trace"]], weights=ctx.weights.double().cpu(),
+                        traces=[list(t) for t in state.swap_trace], weights=ctx.weights.double().cpu(),
                         probs=ctx.probs.double().cpu(), k=int(config.method.get("core_size")),
                         lam=float(config.method.get("lam")), max_swaps=int(config.method.get("max_swaps")),
                         dim=int(ctx.dim))

@@ -16,6 +16,7 @@ Used by chapter 1 (a snapshot at the initial model), chapter 2 (a snapshot pair)
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -116,15 +117,16 @@ class Trajectory:
         and, for FedSteer, the basis rows of Q_t); the state's tensors of dimension d are
         replaced by their coordinates, everything else is shared."""
         blocks = [self.memory, self.true]
-        has_basis = "basis" in self.state
+        has_basis = hasattr(self.state, "basis")
         if has_basis:
-            blocks.append(self.state["basis"])
+            blocks.append(self.state.basis)
         emb = span_embedding(*blocks)
-        state = dict(self.state)
+        changes = {}
         if has_basis:
-            state["basis"] = emb[2]
-        if "h" in state:
-            state["h"] = emb[0].clone()
+            changes["basis"] = emb[2]
+        if hasattr(self.state, "h"):
+            changes["h"] = emb[0].clone()
+        state = dataclasses.replace(self.state, **changes)
         return state, emb[0], emb[1]
 
     def context(self, dim: int) -> ServerContext:

@@ -21,7 +21,11 @@ from .methods import method_order, method_specs, roles, table_name
 from .paper import NUM_CLASSES
 
 __all__ = ["summarize", "format_pct", "collapse_counts", "verdict", "paired_comparison", "coreset_lambda_table",
-           "fig5_verdicts"]
+           "fig5_verdicts", "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts"]
+
+# Verdict words need at least this many paired seeds; fewer are shown as indicative only.
+MIN_SEEDS_FOR_VERDICT = 5
+ALPHA = 0.05
 
 
 def _std(values: pd.Series) -> float:
@@ -131,4 +135,79 @@ def fig5_verdicts(table: pd.DataFrame) -> pd.DataFrame:
         rows.append({"dataset": dataset, "gamma": float(gamma), "|X|": int(k), "λ=0": float(by[0.0]),
                      "λ=0.5": float(by[0.5]), "λ=0.5 − λ=0": diff, "better here": better,
                      "paper (EMNIST)": paper, "agrees": agrees, "n": int(grp["n"].min())})
+    return pd.DataFrame(rows)
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """Two-sided p-value of Student's t with integer `df` degrees of freedom, P(|T| >= |t|).
+
+    The closed-form series of Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df), with
+    theta = atan(|t| / sqrt(df)); exact for integer df, no SciPy needed."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"df must be an integer >= 1, got {df!r}")
+    if math.isnan(t):
+        return float("nan")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: A = 2/pi (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...)), df - 3 powers
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        inside = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    else:  # even: A = sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...), df - 2 powers
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = math.sin(theta) * total
+    return min(1.0, max(0.0, 1.0 - inside))
+
+
+def paired_t_test(diffs: Sequence[float]) -> dict:
+    """The paired t-test of differences (one per seed) against zero: n, mean, standard error,
+    t and the two-sided p-value (NaN with fewer than 2 differences or none that vary)."""
+    d = np.asarray([x for x in diffs if x == x], dtype=float)
+    n = int(d.size)
+    mean = float(d.mean()) if n else float("nan")
+    if n < 2:
+        return {"n": n, "mean": mean, "se": float("nan"), "t": float("nan"), "p": float("nan")}
+    se = float(d.std(ddof=1) / math.sqrt(n))
+    if se == 0:
+        return {"n": n, "mean": mean, "se": 0.0, "t": float("nan"), "p": float("nan")}
+    t = mean / se
+    return {"n": n, "mean": mean, "se": se, "t": t, "p": t_two_sided_p(t, n - 1)}
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (NaN entries stay NaN and do not
+    count in the family): p_(j) * (m - j + 1), made monotone, capped at 1."""
+    p = [(v, i) for i, v in enumerate(pvalues) if v == v]
+    m = len(p)
+    out = [float("nan")] * len(pvalues)
+    running = 0.0
+    for rank, (v, i) in enumerate(sorted(p)):
+        running = max(running, min(1.0, v * (m - rank)))
+        out[i] = running
+    return out
+
+
+def tested_verdicts(diffs_by_comparison: Sequence[Sequence[float]], a: str = "FedSteer",
+                    alpha: float = ALPHA) -> pd.DataFrame:
+    """One family of paired comparisons (each a list of per-seed differences a - b): paired
+    t-test, Holm-adjusted p over the family, and the verdict it allows: "a higher" / "a lower"
+    when the adjusted p < alpha with at least MIN_SEEDS_FOR_VERDICT seeds, "no clear difference"
+    otherwise, "indicative (n < 5)" below that many seeds (those do not enter the family)."""
+    tests = [paired_t_test(d) for d in diffs_by_comparison]
+    eligible = [t["p"] if t["n"] >= MIN_SEEDS_FOR_VERDICT else float("nan") for t in tests]
+    adjusted = holm(eligible)
+    rows = []
+    for t, adj in zip(tests, adjusted):
+        if t["n"] < MIN_SEEDS_FOR_VERDICT:
+            word = f"indicative (n < {MIN_SEEDS_FOR_VERDICT})"
+        elif adj == adj and adj < alpha:
+            word = f"{a} higher" if t["mean"] > 0 else f"{a} lower"
+        else:
+            word = "no clear difference"
+        rows.append({**t, "p_holm": adj, "verdict": word})
     return pd.DataFrame(rows)

@@ -7,8 +7,8 @@ they share.
 Every function takes tidy tables (pandas) or tensors and draws on the matplotlib axes it is given
 (or returns the Figure it drew). Figure modules import the table modules, never the reverse.
 """
-from . import (accuracy, aggregation, alignment, clients, comparisons, coordinates, geometry, selection, server_memory,
+from . import (accuracy, aggregation, alignment, clients, comparisons, conventions, coordinates, geometry, selection, server_memory,
                style, variance)
 
-__all__ = ["accuracy", "aggregation", "alignment", "clients", "comparisons", "coordinates", "geometry", "selection",
+__all__ = ["accuracy", "aggregation", "alignment", "clients", "comparisons", "conventions", "coordinates", "geometry", "selection",
            "server_memory", "style", "variance"]
