@@ -6,7 +6,7 @@ was not run or the text states no threshold). `disagreement_checks` pairs, seed 
 runs of two suspects for a disagreement with the paper (the estimator ordering and the warm-up
 snapshot the stale-memory baselines lack) with the best baseline.
 
-Used by chapter 9 (the claims checklist and "why we may disagree").
+Used by chapter 10 (the claims checklist and "why we may disagree").
 """
 from __future__ import annotations
 

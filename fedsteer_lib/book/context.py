@@ -2,7 +2,7 @@
 
 Every notebook starts from its own parameters cell (papermill) and calls `setup(...)`; there
 is no state shared between notebooks other than the results cache on disk. Every chapter uses
-it (`Book.runs` for the result tables of chapters 6, 7, 9; `Book.curves` for Fig. 4, 6, 7;
+it (`Book.runs` for the result tables of chapters 6, 7, 9, 10; `Book.curves` for Fig. 4, 6, 7;
 `Book.ensure` for the diagnostics runs of chapters 2, 5, 8).
 """
 from __future__ import annotations
@@ -48,18 +48,17 @@ class Book:
         """One row per run (computing the missing ones first), with one column per method parameter."""
         return runs_table(self.ensure(configs, desc), self.root)
 
-    def runs_so_far(self, configs: Sequence[RunConfig], group: str, desc: str = "runs") -> tuple[pd.DataFrame, int]:
-        """(runs table, number of runs not shown). For a group of the committed paper-profile
-        results that is still being computed (`experiments.groups.IN_PROGRESS`) only the cached
-        runs, and the count of the missing ones, which the chapter states: a book build never
-        starts hours of computing (`python -m fedsteer_lib sweep --what ...` does). Any other
-        group, or any other profile, computes what is missing first, as `runs` does."""
+    def available(self, configs: Sequence[RunConfig], group: str, desc: str = "runs") -> tuple[list[RunConfig], int]:
+        """(the configs whose runs can be shown, how many cannot). For a group of the committed
+        paper-profile results that is still being computed (`experiments.groups.IN_PROGRESS`):
+        the cached runs and the count of the missing ones, which the chapter states; a book
+        build never starts those hours of computing (`python -m fedsteer_lib sweep --what ...`
+        does). Any other group, or any other profile, computes what is missing first."""
         configs = list(configs)
         if group in IN_PROGRESS and self.profile.name == "paper":
             lacking = {c.key() for c in missing(configs, self.root)}
-            have = [c for c in configs if c.key() not in lacking]
-            return runs_table(have, self.root), len(configs) - len(have)
-        return self.runs(configs, desc), 0
+            return [c for c in configs if c.key() not in lacking], len(lacking)
+        return self.ensure(configs, desc), 0
 
     def curves(self, configs: Sequence[RunConfig]) -> pd.DataFrame:
         """One row per (run, round) (the runs must exist)."""

@@ -14,9 +14,11 @@ import pandas as pd
 from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import has_run, runs_table
+from .paper import paper_value_for
+from .stats import tested_verdicts
 
-__all__ = ["CONVENTION_PAIRS", "role_runs", "cached", "convention_table", "paired_gains", "regime_summary",
-           "regime_gains", "calibrated_cell"]
+__all__ = ["CONVENTION_PAIRS", "role_runs", "cached", "convention_table", "convention_display", "paired_gains",
+           "gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
 CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -91,10 +93,12 @@ def convention_table(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.D
 def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
     """FedSteer's gain over the best baseline of each convention set (best by mean over seeds),
     paired by seed: per (gamma, convention, FedSteer ordering) the mean and std of the per-seed
-    difference, its relative size and how many seeds FedSteer wins."""
+    difference, its relative size, how many seeds FedSteer wins, the paired t-test's p, its
+    Holm adjustment over every row of the table (one family) and the verdict it allows
+    (`stats.tested_verdicts`: none from fewer than 5 seeds)."""
     sets = {"normalised": [r for r in TABLE1_ROLES if r not in NON_BASELINES],
             "framework": [r for r in FRAMEWORK_ROLES if r not in NON_BASELINES]}
-    rows = []
+    rows, diffs = [], []
     for gamma, at_gamma in runs.groupby("gamma"):
         at_gamma = _best_fedstale(at_gamma, metric)
         per_seed = at_gamma.pivot_table(index="seed", columns="role", values=metric, aggfunc="first")
@@ -108,13 +112,72 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
                     continue
                 both = per_seed[[steer, best]].dropna()
                 diff = both[steer] - both[best]
+                diffs.append(diff.tolist())
                 rows.append({"gamma": gamma, "convention": conv, "fedsteer": display_name(steer),
                              "best_baseline": display_name(best), "fedsteer_mean": float(both[steer].mean()),
                              "baseline_mean": float(both[best].mean()), "gain": float(diff.mean()),
                              "gain_std": float(diff.std(ddof=1)) if len(diff) > 1 else np.nan,
                              "relative_gain": float(diff.mean() / both[best].mean()),
                              "wins": int((diff > 0).sum()), "n": int(len(diff))})
+    out = pd.DataFrame(rows)
+    if rows:
+        tests = tested_verdicts(diffs)
+        out[["p", "p_holm", "verdict"]] = tests[["p", "p_holm", "verdict"]].values
+    return out
+
+
+_CONVENTION_NAMES = {"normalised": "today's (normalised)", "framework": "FedStale code base's"}
+
+
+def _cell(mean: float, std: float, n: int, collapsed: int) -> str:
+    if not n:
+        return "—"
+    text = f"{mean:.3f}" + ("" if np.isnan(std) else f" ± {std:.3f}")
+    return text + (f" ({collapsed} of {n} collapsed)" if collapsed else "")
+
+
+def convention_display(table: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:
+    """`convention_table` for reading: mean ± std per convention (with the collapsed runs
+    counted), the paper's number where its text quotes one, no index."""
+    roles = {name: normalised for name, normalised, _ in CONVENTION_PAIRS}
+    rows = []
+    for _, r in table.iterrows():
+        paper = paper_value_for(dataset, r["gamma"], "final_accuracy", roles[r["method"]])
+        rows.append({"γ": f"{r['gamma']:g}", "method": r["method"],
+                     _CONVENTION_NAMES["normalised"]: _cell(r["normalised_mean"], r["normalised_std"],
+                                                            r["normalised_n"], r["normalised_collapsed"]),
+                     _CONVENTION_NAMES["framework"]: _cell(r["framework_mean"], r["framework_std"],
+                                                           r["framework_n"], r["framework_collapsed"]),
+                     "paper": "" if np.isnan(paper) else f"{paper:.3f}"})
     return pd.DataFrame(rows)
+
+
+def gains_display(gains: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:
+    """`paired_gains` for reading, with the paper's relative gain over its best baseline."""
+    rows = []
+    for _, r in gains.iterrows():
+        paper = paper_value_for(dataset, r["gamma"], "gain_vs_best_baseline", "fedsteer")
+        rows.append({"γ": f"{r['gamma']:g}", "conventions": _CONVENTION_NAMES[r["convention"]],
+                     "FedSteer": r["fedsteer"], "best baseline": r["best_baseline"],
+                     "gain (paired)": f"{r['gain']:+.3f} ± {r['gain_std']:.3f}" if r["n"] > 1 else f"{r['gain']:+.3f}",
+                     "relative": f"{100 * r['relative_gain']:+.1f} %", "seeds won": f"{r['wins']} of {r['n']}",
+                     "p (Holm)": "—" if pd.isna(r["p_holm"]) else f"{r['p_holm']:.3f}", "verdict": r["verdict"],
+                     "paper": "" if np.isnan(paper) else f"{100 * paper:+.1f} %"})
+    return pd.DataFrame(rows)
+
+
+def describe_paired_gains(gains: pd.DataFrame, gamma: float, steer: str = "FedSteer (as written)") -> str:
+    """One sentence per convention set: FedSteer's (`steer`) paired gain over that set's best
+    baseline at `gamma`, with seeds won and the corrected test's verdict."""
+    parts = []
+    for _, r in gains[np.isclose(gains["gamma"], gamma) & (gains["fedsteer"] == steer)].iterrows():
+        test = ("" if pd.isna(r["p_holm"]) else f", Holm-adjusted p = {r['p_holm']:.3f}")
+        phrase = {"normalised": "today's normalised baselines", "framework": "the FedStale code base's baselines"}
+        parts.append(f"with {phrase[r['convention']]}, {steer} ends "
+                     f"{r['gain']:+.3f} ({100 * r['relative_gain']:+.1f} %) from the best of them, "
+                     f"{r['best_baseline']} ({r['baseline_mean']:.3f}), winning {r['wins']} of {r['n']} seeds{test}: "
+                     f"{r['verdict']}")
+    return f"At γ = {gamma:g}, " + "; ".join(parts) + "." if parts else f"No paired runs at γ = {gamma:g}."
 
 
 def regime_summary(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:

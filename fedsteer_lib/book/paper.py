@@ -7,7 +7,7 @@ trend, §8.4). Percentages are stored as fractions (8.8 % -> 0.088); a "gain" is
 (a - b) / b, which is how the paper's 8.8 % arises from 0.554 vs 0.509.
 
 Used by Table 1 and its gains (chapter 6), Fig. 5's statements and Table 3 (chapter 7), and the
-comparison with every quoted number and the claims checklist (chapter 9).
+comparison with every quoted number and the claims checklist (chapter 10).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 `main_configs` / `ablation_configs` only *build* the run configurations of a `Book` (Table 1's
 grid of chapters 6 and 9, the ablation groups of chapters 7 and 9, on the book's seeds);
 `tuning_evidence` and `remaining_runs` look into a results cache (which runs exist) without
-computing anything (chapter 9). The run groups themselves are defined in `fedsteer_lib.experiments.groups`.
+computing anything (chapter 10). The run groups themselves are defined in `fedsteer_lib.experiments.groups`.
 """
 from __future__ import annotations
 

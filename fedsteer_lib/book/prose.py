@@ -2,7 +2,7 @@
 tables of `tables`, `stats` and `claim_checks`, so that the text always says what the numbers say.
 
 Used by chapter 6 (profile note, gains, metrics, collapses, main findings), chapter 7 (profile
-note) and chapter 9 (the comparison with the paper, the claims, the disagreement checks, the
+note) and chapter 10 (the comparison with the paper, the claims, the disagreement checks, the
 accuracy level of the paper's FedAvg).
 """
 from __future__ import annotations

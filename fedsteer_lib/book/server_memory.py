@@ -3,7 +3,7 @@ for any number of clients N and model size d and checked against §8.2's account
 O(N k + k d) against O(N d)), and the memory measured at the end of finished runs next to
 FedVARP's.
 
-Used by chapter 4 (memory against N, the "around 10 times" claim) and chapter 9 (the measured
+Used by chapter 4 (memory against N, the "around 10 times" claim) and chapter 10 (the measured
 memory of the runs, the comparison with the paper).
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ pandas DataFrame or a sentence. With more than one seed, a difference counts as 
 it exceeds two standard errors (`verdict`); with one seed no conclusion is drawn.
 
 Used by Table 1 and the collapse counts (chapter 6), every ablation comparison and Fig. 5
-(chapter 7), and the claim checks (chapter 9).
+(chapter 7), and the claim checks (chapter 10).
 """
 from __future__ import annotations
 

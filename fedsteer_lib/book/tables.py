@@ -14,7 +14,7 @@ Conventions
   SCAFFOLD and FedProx, again by mean test accuracy.
 
 Used by chapter 6 (Table 1, its gains and metrics, FedStale's β), chapter 7 (Table 3) and
-chapter 9 (the comparison with the paper, the choices and models tables).
+chapter 10 (the comparison with the paper, the choices and models tables).
 """
 from __future__ import annotations
 

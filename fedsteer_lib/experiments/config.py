@@ -146,7 +146,7 @@ class RunConfig:
 
 
 # Hyperparameters chosen by the FedAvg-only validation tuning (fedsteer_lib.tuning; evidence in
-# data/results/tuning/fmnist.csv and the book's chapter 9), frozen for all methods: client lr
+# data/results/tuning/fmnist.csv and the book's chapter 10), frozen for all methods: client lr
 # 0.1 and E = 2 had the best validation accuracy (0.817 averaged over both gammas); lr 0.3 with
 # E = 2 collapsed. E = 2 is the edge of the grid. EMNIST and CIFAR-10 could not be tuned here
 # (no data on this machine): they inherit the Fashion-MNIST choice; a user with the data should

@@ -1,4 +1,4 @@
-"""Figures that compare: every number the paper quotes against ours (chapter 9, from
+"""Figures that compare: every number the paper quotes against ours (chapter 10, from
 `tables.compare_with_paper`) and the paired differences of the ablations (chapter 7, from
 `stats.paired_comparison`)."""
 from __future__ import annotations

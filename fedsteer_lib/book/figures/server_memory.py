@@ -1,5 +1,5 @@
 """Figures of server memory: bars of the memory measured at the end of the runs, next to FedVARP's
-(chapter 9, from `server_memory.run_memory_table`), and the state size against the number of clients N
+(chapter 10, from `server_memory.run_memory_table`), and the state size against the number of clients N
 for a model size (chapter 4, from `server_memory.server_memory_table`)."""
 from __future__ import annotations
 
