@@ -18,7 +18,7 @@ from .paper import paper_value_for
 from .stats import tested_verdicts
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "cached", "convention_table", "convention_display", "paired_gains",
-           "gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell"]
+           "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
 CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -152,7 +152,7 @@ def convention_display(table: pd.DataFrame, dataset: str = "fmnist") -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def gains_display(gains: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:
+def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:
     """`paired_gains` for reading, with the paper's relative gain over its best baseline."""
     rows = []
     for _, r in gains.iterrows():
