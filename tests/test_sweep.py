@@ -10,11 +10,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fedsteer_lib.book.methods import label_without_warmup
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
-from fedsteer_lib.experiments.groups import convergence_grid, stability_grid
+from fedsteer_lib.experiments.groups import convergence_grid, server_step_grid, stability_grid
+from fedsteer_lib.experiments.tuning import select_server_steps
 from fedsteer_lib.experiments.results import runs_table
 
 SCRIPT = textwrap.dedent("""
@@ -124,3 +126,25 @@ def test_stability_grid_is_fig_8():
         assert c.method.get("refresh_every") == 5 and c.system.gamma == 0.9 and c.seed == 0
         assert c.diagnostics.track_coords == (5, 55, 95) and c.training.rounds == 150
         assert name == f"λ={c.method.get('lam')}, |X|={c.method.get('core_size')}"
+
+
+def test_server_step_grid_gives_every_method_the_same_three_steps_on_validation():
+    configs = server_step_grid("fmnist", "paper")
+    per_method = {}
+    for c in configs:
+        per_method.setdefault(c.method.label, set()).add((c.training.server_lr, c.system.gamma))
+        assert c.system.validation_size == 10_000 and c.seed == 0  # never the test set; seed 0 only
+    assert all(v == {(s, g) for s in (0.25, 0.5, 1.0) for g in (0.7, 0.9)} for v in per_method.values())
+    assert {"fedsteer", "fedsteer(ordering=as_written)", "fedavg", "mifa(start=wait_all)"} <= set(per_method)
+    assert "full" not in per_method and [c.method.get("beta") for c in configs if c.method.name == "fedstale"] == [0.7] * 6
+    assert len(configs) == 13 * 3 * 2
+
+
+def test_server_step_choice_by_hand():
+    runs = pd.DataFrame([  # final-round validation accuracy, averaged over the gammas
+        ("a", 0.25, 0.7, 0.80), ("a", 0.25, 0.9, 0.70), ("a", 1.0, 0.7, 0.85), ("a", 1.0, 0.9, 0.60),
+        ("b", 0.5, 0.7, 0.70), ("b", 0.5, 0.9, 0.70), ("b", 1.0, 0.7, 0.72), ("b", 1.0, 0.9, 0.68)],
+        columns=["label", "server_lr", "gamma", "final_accuracy"])
+    chosen = select_server_steps(runs).set_index("label")
+    assert chosen.loc["a", "server_lr"] == 0.25  # 0.75 beats 0.725
+    assert chosen.loc["b", "server_lr"] == 1.0  # a tie at 0.70 goes to the frozen, larger step

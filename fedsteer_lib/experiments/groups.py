@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, Diagnostics, MethodSpec, Profile,
-                     RunConfig, framework_methods, get_profile, method, paper_methods, regime_methods)
+from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, SERVER_LRS, Diagnostics, FLSystem, MethodSpec,
+                     Profile, RunConfig, framework_methods, get_profile, method, paper_methods, regime_methods,
+                     server_step_methods)
 from .sweep import grid
-from .tuning import tuning_configs
+from .tuning import VALIDATION_SIZE, tuning_configs
 
 __all__ = ["paper_grid", "ablation_grid", "framework_grid", "regime_grid", "convergence_methods", "convergence_grid",
-           "alignment_grid", "stability_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
+           "alignment_grid", "stability_grid", "server_step_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
 
 
 def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> list[RunConfig]:
@@ -64,6 +65,17 @@ def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", devic
                             client_lr=lr, local_epochs=epochs)
     return configs
 
+
+
+def server_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
+    """The server-step search (`config.SERVER_LRS` x `config.server_step_methods`) on the
+    validation split, at the profile's gammas and its first seed."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    configs = []
+    for server_lr in SERVER_LRS:
+        configs += grid(dataset, server_step_methods(dataset), prof, seeds=prof.seeds[:1], device=device,
+                        system=FLSystem(validation_size=VALIDATION_SIZE), server_lr=server_lr)
+    return configs
 
 
 def convergence_methods(dataset: str) -> list[MethodSpec]:
@@ -123,7 +135,7 @@ def _tuning(dataset: str, profile: str | Profile, device: str) -> dict[str, list
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
 # chapters show the runs that are cached and say how many are missing; `make book` never
 # computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
-IN_PROGRESS: frozenset[str] = frozenset({"regime_map"})
+IN_PROGRESS: frozenset[str] = frozenset({"regime_map", "server_step_tuning"})
 
 
 # What `--what` selects: each entry returns {group name: configs}.
@@ -137,6 +149,7 @@ GROUP_SETS: dict[str, Callable[[str, str | Profile, str], dict[str, list[RunConf
         "convergence_probes": convergence_grid(d, p, device=dev),
         "coordinate_stability": list(stability_grid(d, p, device=dev).values())},
     "tuning": _tuning,
+    "server_step": lambda d, p, dev: {"server_step_tuning": server_step_grid(d, p, dev)},
 }
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from .config import FLSystem, RunConfig, Training, method
 
-__all__ = ["GRID", "tuning_configs", "tuning_table", "select"]
+__all__ = ["GRID", "tuning_configs", "tuning_table", "select", "select_server_steps"]
 
 GRID = {"client_lr": (0.01, 0.03, 0.1, 0.3), "local_epochs": (1, 2)}
 VALIDATION_SIZE = 10_000
@@ -50,3 +50,14 @@ def select(table: pd.DataFrame) -> dict:
     mean = table.groupby(["client_lr", "local_epochs"])["val_accuracy_last10"].mean()
     lr, epochs = mean.idxmax()
     return {"client_lr": float(lr), "local_epochs": int(epochs), "val_accuracy_last10": float(mean.max())}
+
+
+def select_server_steps(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each method's server step eta_s (`config.SERVER_LRS`): the one with the best final-round
+    validation accuracy averaged over the gammas; ties go to the larger step (1.0, the frozen
+    setting, when nothing beats it). `runs` has one row per run with columns label, server_lr,
+    gamma and final_accuracy (measured on the validation split)."""
+    mean = runs.groupby(["label", "server_lr"])["final_accuracy"].mean().reset_index()
+    mean = mean.sort_values(["label", "final_accuracy", "server_lr"], ascending=[True, False, False])
+    best = mean.groupby("label", sort=False).head(1)
+    return best.rename(columns={"final_accuracy": "val_accuracy_final"}).reset_index(drop=True)
