@@ -15,28 +15,30 @@ _MUTED = "#9a9a9a"
 _HIGHLIGHT = ("fedsteer", "fedsteer_as_written", "fedavg", "fedavg_unbiased")
 
 
-def plot_conventions(runs: pd.DataFrame, rows: list[tuple[str, str, str]], gamma: float,
-                     metric: str = "final_accuracy") -> plt.Figure:
-    """Per method row: the mean under today's convention (left bar) and the FedStale code base's
-    (right bar), every seed as a dot. FedSteer and FedAvg in colour, the rest muted."""
-    at = runs[np.isclose(runs["gamma"], gamma)]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+def plot_conventions(runs: pd.DataFrame, rows: list[tuple[str, str, str]], metric: str = "final_accuracy") -> plt.Figure:
+    """One panel per gamma (largest first); per method row the mean under today's convention
+    (left, lighter bar) and the FedStale code base's (right bar), every seed as a dot. FedSteer
+    and FedAvg in colour, the rest muted."""
+    gammas = sorted(runs["gamma"].unique(), reverse=True)
+    fig, axes = plt.subplots(len(gammas), 1, figsize=(6.4, 3.1 * len(gammas) + 0.3), squeeze=False, sharex=True)
     width = 0.38
-    for i, (name, normalised, framework) in enumerate(rows):
-        for j, key in enumerate((normalised, framework)):
-            sel = at[at["role"] == key][metric].dropna()
-            if sel.empty:
-                continue
-            x = i + (j - 0.5) * width
-            face = colour(key) if key in _HIGHLIGHT else _MUTED
-            ax.bar(x, sel.mean(), width * 0.92, color=face, alpha=0.55 if j == 0 else 0.95,
-                   edgecolor="black", linewidth=0.4)
-            ax.scatter(np.full(len(sel), x), sel, s=9, color="black", zorder=3)
-    ax.set_xticks(range(len(rows)), [r[0] for r in rows], rotation=35, ha="right", fontsize=9)
-    ax.set_ylabel("final test accuracy", fontsize=10)
-    ax.set_ylim(0, 1)
-    ax.tick_params(axis="y", labelsize=9)
-    ax.set_title(f"γ = {gamma:g}: left bar today's convention, right bar the FedStale code base's", fontsize=10)
+    for ax, gamma in zip(axes[:, 0], gammas):
+        at = runs[np.isclose(runs["gamma"], gamma)]
+        for i, (name, normalised, framework) in enumerate(rows):
+            for j, key in enumerate((normalised, framework)):
+                sel = at[at["role"] == key][metric].dropna()
+                if sel.empty:
+                    continue
+                x = i + (j - 0.5) * width
+                face = colour(key) if key in _HIGHLIGHT else _MUTED
+                ax.bar(x, sel.mean(), width * 0.92, color=face, alpha=0.55 if j == 0 else 0.95,
+                       edgecolor="black", linewidth=0.4)
+                ax.scatter(np.full(len(sel), x), sel, s=9, color="black", zorder=3)
+        ax.set_ylabel("final test accuracy", fontsize=10)
+        ax.set_ylim(0, 1)
+        ax.tick_params(axis="y", labelsize=9)
+        ax.set_title(f"γ = {gamma:g}: left bar today's convention, right bar the FedStale code base's", fontsize=10)
+    axes[-1, 0].set_xticks(range(len(rows)), [r[0] for r in rows], rotation=35, ha="right", fontsize=9)
     fig.tight_layout()
     return fig
 
