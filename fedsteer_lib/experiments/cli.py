@@ -109,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             hint = ""
         print(f"seeds complete in every group: {seeds_arg or 'none'}{hint}")
         if pending:
-            print(f"in progress: {', '.join(pending)} (compute with: python -m fedsteer_lib sweep --what "
-                  "conventions|regimes --workers 2)")
+            set_of = {name: key for key, build in GROUP_SETS.items()
+                      for name in build(args.dataset, args.profile, args.device)}
+            commands = "; ".join(f"python -m fedsteer_lib sweep --profile {args.profile} --what {w} --workers 2"
+                                 for w in dict.fromkeys(set_of[n] for n in pending))
+            print(f"in progress: {', '.join(pending)} (compute with: {commands})")
         return 0
     # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
     # with at least its first seeds rather than one group complete and the others empty.
