@@ -85,3 +85,14 @@ def test_doctor_runs_without_the_virtual_environment():
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_every_check_runs_after_the_set_up():
+    """`make test` sets up first, so here every check must run to its end: the .venv's packages,
+    torch and Fashion-MNIST are ok, and no check reports an error of its own (a renamed module
+    once made the data-set checks say ImportError)."""
+    items = {c.name: c for c in doctor.checks()}
+    for name in (".venv packages", "torch", "fmnist", "mathjax"):
+        assert items[name].status == "ok", items[name].line()
+    assert items["emnist"].status in ("ok", "optional") and items["cifar10"].status in ("ok", "optional")
+    assert not [c.line() for c in items.values() if "Error" in c.detail]

@@ -128,7 +128,7 @@ print(json.dumps({"version": torch.__version__, "cuda": torch.cuda.is_available(
 
 _DATA = """
 import json
-from fedsteer_lib import data
+from fedsteer_lib.simulator import data
 out = {}
 for name in data.DATASETS:
     dirs = data.search_dirs(name)
