@@ -17,7 +17,7 @@ from ..experiments.results import has_run, runs_table
 from .paper import paper_value_for
 from .stats import tested_verdicts
 
-__all__ = ["CONVENTION_PAIRS", "role_runs", "cached", "convention_table", "convention_display", "paired_gains",
+__all__ = ["CONVENTION_PAIRS", "role_runs", "cached", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
            "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
@@ -58,7 +58,7 @@ def role_runs(configs: Sequence[RunConfig], root) -> pd.DataFrame:
     return table
 
 
-def _best_fedstale(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+def at_best_fedstale_beta(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
     """FedStale's runs at the beta with the best mean (the paper's protocol), other roles as they are."""
     stale = runs[runs["role"] == "fedstale"]
     if stale.empty:
@@ -78,7 +78,7 @@ def convention_table(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.D
     FedStale at its best beta per gamma and convention."""
     rows = []
     for gamma, at_gamma in runs.groupby("gamma"):
-        at_gamma = _best_fedstale(at_gamma, metric)
+        at_gamma = at_best_fedstale_beta(at_gamma, metric)
         for name, normalised, framework in CONVENTION_PAIRS:
             row = {"gamma": gamma, "method": name}
             for conv, key in (("normalised", normalised), ("framework", framework)):
@@ -100,7 +100,7 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
             "framework": [r for r in FRAMEWORK_ROLES if r not in NON_BASELINES]}
     rows, diffs = [], []
     for gamma, at_gamma in runs.groupby("gamma"):
-        at_gamma = _best_fedstale(at_gamma, metric)
+        at_gamma = at_best_fedstale_beta(at_gamma, metric)
         per_seed = at_gamma.pivot_table(index="seed", columns="role", values=metric, aggfunc="first")
         for conv, baselines in sets.items():
             present = [b for b in baselines if b in per_seed]

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ...experiments.registry import colour, display_name
+from ..conventions import at_best_fedstale_beta
 
 __all__ = ["plot_conventions", "plot_regime_map"]
 
@@ -17,13 +18,13 @@ _HIGHLIGHT = ("fedsteer", "fedsteer_as_written", "fedavg", "fedavg_unbiased")
 
 def plot_conventions(runs: pd.DataFrame, rows: list[tuple[str, str, str]], metric: str = "final_accuracy") -> plt.Figure:
     """One panel per gamma (largest first); per method row the mean under today's convention
-    (left, lighter bar) and the FedStale code base's (right bar), every seed as a dot. FedSteer
-    and FedAvg in colour, the rest muted."""
+    (left, lighter bar) and the FedStale code base's (right bar), every seed as a dot; FedStale
+    at its best beta of that gamma, as in the tables. FedSteer and FedAvg in colour, the rest muted."""
     gammas = sorted(runs["gamma"].unique(), reverse=True)
     fig, axes = plt.subplots(len(gammas), 1, figsize=(6.4, 3.1 * len(gammas) + 0.3), squeeze=False, sharex=True)
     width = 0.38
     for ax, gamma in zip(axes[:, 0], gammas):
-        at = runs[np.isclose(runs["gamma"], gamma)]
+        at = at_best_fedstale_beta(runs[np.isclose(runs["gamma"], gamma)], metric)
         for i, (name, normalised, framework) in enumerate(rows):
             for j, key in enumerate((normalised, framework)):
                 sel = at[at["role"] == key][metric].dropna()
@@ -49,6 +50,7 @@ def _grid(table: pd.DataFrame, value: str) -> pd.DataFrame:
 
 def _heat(ax, grid: pd.DataFrame, text: pd.DataFrame, cmap: str, vmin: float, vmax: float, title: str):
     im = ax.imshow(grid.values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    ax.grid(False)
     ax.set_xticks(range(grid.shape[1]), [f"{c:g}" for c in grid.columns], fontsize=9)
     ax.set_yticks(range(grid.shape[0]), [str(r) for r in grid.index], fontsize=9)
     ax.set_xlabel("client lr", fontsize=9)
@@ -56,7 +58,9 @@ def _heat(ax, grid: pd.DataFrame, text: pd.DataFrame, cmap: str, vmin: float, vm
     ax.set_title(title, fontsize=10)
     for (r, c), label in np.ndenumerate(text.values):
         if isinstance(label, str) and label:
-            ax.text(c, r, label, ha="center", va="center", fontsize=8)
+            shade = im.cmap(im.norm(grid.values[r, c]))
+            dark = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] < 0.5
+            ax.text(c, r, label, ha="center", va="center", fontsize=8, color="white" if dark else "black")
     return im
 
 
@@ -91,6 +95,6 @@ def plot_regime_map(summary: pd.DataFrame, gains: pd.DataFrame, roles: list[str]
             for col in grid.columns:
                 g, s = grid.loc[idx, col], std.loc[idx, col]
                 text.loc[idx, col] = "" if pd.isna(g) else (f"{g:+.2f}" + ("" if pd.isna(s) else f"\n±{s:.2f}"))
-        _heat(ax, grid, text, "RdBu", -scale, scale, "FedSteer − best baseline")
+        _heat(ax, grid, text, "RdBu", -scale, scale, "gain over best")
     fig.tight_layout()
     return fig
