@@ -46,9 +46,10 @@ $(FMNIST_STAMP): | $(STAMP)
 
 setup: venv data $(MATHJAX)
 
-# Debian packages the project uses that a fresh machine lacks (fedsteer_lib/doctor.py lists them:
-# Chromium for the book's browser check); apt-get when root, else the command to run. Standard
-# library only, so it needs no .venv.
+# Debian packages the project uses that a fresh machine lacks (SYSTEM_PACKAGES in
+# fedsteer_lib/experiments/doctor.py): today Chromium, for the book's browser check. As root this
+# runs `apt-get install -y --no-install-recommends chromium` when it is missing; otherwise it prints
+# that command. Standard library only, so it needs no .venv.
 system-packages:
 	$(PYTHON) -m fedsteer_lib system-packages
 
