@@ -6,18 +6,18 @@ its label. Every function takes the tidy runs table of `role_runs` (one row per 
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
-from ..experiments.results import has_run, runs_table
+from ..experiments.results import runs_table
 from .paper import paper_value_for
 from .stats import tested_verdicts
 
-__all__ = ["CONVENTION_PAIRS", "role_runs", "cached", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
+__all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
            "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
@@ -34,13 +34,6 @@ CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
 )
 STEERS = ("fedsteer", "fedsteer_as_written")
 NON_BASELINES = ("full", "fedsteer", "fedsteer_enforce5", "fedsteer_as_written")
-
-
-def cached(configs: Iterable[RunConfig], root) -> tuple[list[RunConfig], int]:
-    """The configs whose results are cached, and how many are not."""
-    configs = list(configs)
-    have = [c for c in configs if has_run(c, root)]
-    return have, len(configs) - len(have)
 
 
 def role_runs(configs: Sequence[RunConfig], root) -> pd.DataFrame:
