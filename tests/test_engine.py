@@ -80,6 +80,12 @@ def test_divergence_is_recorded_as_collapse(sim):
     assert result.summary["collapsed"] is True
     assert result.summary["rounds_done"] < 10
     assert result.summary["collapse_round"] == result.summary["rounds_done"] + 1
+    # scored on the model the run ends with (the diverged one), not the last one before it
+    last, before = result.history[-1], result.history[-2]
+    assert last["round"] == result.summary["collapse_round"] and last["collapsed"] is True
+    assert result.summary["final_accuracy"] == last["accuracy"] == result.summary["mean_last_accuracy"]
+    assert result.summary["accuracy_before_collapse"] == before["accuracy"]
+    assert result.summary["final_accuracy"] < 0.2  # a diverged model predicts about chance (0.1)
     assert math.isfinite(result.summary["final_accuracy"])
 
 

@@ -33,3 +33,52 @@ def test_runs_and_history_tables_have_the_method_parameters(tmp_path):
     assert len(curves) == 12 and set(METHOD_PARAMETERS) <= set(curves.columns)
     assert curves.drop_duplicates("label")["core_size"].tolist() == [10, None, None, None]
     assert runs_table([], tmp_path).empty
+
+
+def test_a_truncated_or_foreign_result_file_is_named_not_counted_and_recomputed(tmp_path):
+    import json
+    import warnings
+
+    import pytest
+
+    from fedsteer_lib.experiments.results import has_run, load_run, result_problem, run_path
+    from fedsteer_lib.experiments.sweep import missing, run_grid
+
+    configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=0,
+                         training=Training(rounds=2, local_epochs=1, eval_every=2, eval_last=1))
+               for m in ("fedavg", "mifa", "fedvarp")]
+    assert run_grid(configs, tmp_path, progress=False) == 3
+    truncated, foreign, good = (run_path(c, tmp_path) for c in configs)
+    truncated.write_text(truncated.read_text()[:100])
+    foreign.write_text(json.dumps({"hello": 1}))
+    with pytest.warns(UserWarning, match=str(truncated.name) + ".*unreadable.*the sweep recomputes it"):
+        assert not has_run(configs[0], tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert result_problem(configs[1], tmp_path).startswith("not a run result")
+        assert has_run(configs[2], tmp_path)
+        assert missing(configs, tmp_path) == configs[:2]  # never silently counted
+        with pytest.raises(ValueError, match="unreadable.*sweep` recomputes it"):
+            load_run(configs[0], tmp_path)
+        assert run_grid(configs, tmp_path, progress=False) == 2  # recomputed, the good one left alone
+    assert all(has_run(c, tmp_path) for c in configs)
+    assert load_run(configs[0], tmp_path)["key"] == configs[0].key()
+
+
+def test_a_collapsed_run_in_the_old_summary_format_is_recomputed(tmp_path):
+    import warnings
+
+    from fedsteer_lib.experiments.results import has_run
+
+    spec = method("fedavg")
+    config = RunConfig(method=spec, seed=0)
+    old = {"final_accuracy": 0.57, "collapsed": True, "collapse_round": 40}  # the last accuracy before collapse
+    save_run(RunResult(config=config.to_dict(), history=[], summary=old, extras={}), config, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not has_run(config, tmp_path)
+    assert "collapsed run stored before" in str(caught[0].message)
+    save_run(RunResult(config=config.to_dict(), history=[], summary={**old, "final_accuracy": 0.1,
+                                                                       "accuracy_before_collapse": 0.57}, extras={}),
+             config, tmp_path)
+    assert has_run(config, tmp_path)

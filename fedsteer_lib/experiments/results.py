@@ -2,17 +2,22 @@
 run's config key, holding the exact config, provenance, history, summary and extras.
 
 Files are written atomically (temporary file + rename), so a crash never leaves a
-half-written result; a run is computed only if its file is missing.
+half-written result; a run is computed only if its file is missing or not usable: a file that
+does not parse (truncated, corrupted by hand) or that predates the current summary format (a
+collapsed run without `accuracy_before_collapse`) is named in a warning, never counted, and
+recomputed by the next sweep, which replaces it.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import math
 import os
 import platform
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -22,7 +27,7 @@ import torch
 from ..simulator.engine import RunResult
 from .config import METHODS, MethodSpec, Profile, RunConfig, get_profile
 
-__all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "save_run", "load_run", "provenance", "runs_table",
+__all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "result_problem", "save_run", "load_run", "provenance", "runs_table",
            "history_table", "load_runs", "METHOD_PARAMETERS", "method_columns"]
 
 RESULTS_DIR = Path(os.environ.get("FEDSTEER_RESULTS", Path(__file__).resolve().parents[2] / "data" / "results"))
@@ -43,8 +48,55 @@ def run_path(config: RunConfig, root: str | os.PathLike | None = None) -> Path:
     return _root(root) / "runs" / f"{config.key()}.json"
 
 
+def _problem_of(payload: Any) -> str | None:
+    if not isinstance(payload, dict) or not all(k in payload for k in ("config", "summary", "history")):
+        return "not a run result (no config, summary and history)"
+    summary = payload["summary"]
+    if summary.get("collapsed") and "accuracy_before_collapse" not in summary:
+        return ("a collapsed run stored before collapsed runs were scored on the model they end with "
+                "(its final accuracy is the last one before the collapse)")
+    return None
+
+
+def _parse(path: str | Path) -> tuple[dict | None, str | None]:
+    """(payload, None) for a usable result file, (None, why) otherwise."""
+    try:
+        with open(path) as f:
+            payload = json.load(f)
+    except FileNotFoundError:
+        return None, "missing"
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        return None, f"unreadable ({type(err).__name__}: {err})"
+    problem = _problem_of(payload)
+    return (payload, None) if problem is None else (None, problem)
+
+
+@functools.lru_cache(maxsize=None)
+def _problem_of_file(path: str, mtime_ns: int, size: int) -> str | None:
+    return _parse(path)[1]  # cached per version of the file: `status` and the sweep ask often
+
+
+def _warn(path: Path, problem: str) -> None:
+    warnings.warn(f"{path}: {problem}; not counted as a result, the sweep recomputes it", stacklevel=3)
+
+
+def result_problem(config: RunConfig, root: str | os.PathLike | None = None) -> str | None:
+    """Why the stored result of `config` cannot be used ("missing", "unreadable (...)", ...),
+    or None when it can."""
+    path = run_path(config, root)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    problem = _problem_of_file(str(path), st.st_mtime_ns, st.st_size)
+    if problem is not None:
+        _warn(path, problem)
+    return problem
+
+
 def has_run(config: RunConfig, root: str | os.PathLike | None = None) -> bool:
-    return run_path(config, root).exists()
+    """Whether a usable result of `config` is stored (see the module docstring)."""
+    return result_problem(config, root) is None
 
 
 def _code_version() -> str:
@@ -100,10 +152,13 @@ def save_run(result: RunResult, config: RunConfig, root: str | os.PathLike | Non
 def load_run(config: RunConfig, root: str | os.PathLike | None = None) -> dict[str, Any]:
     """The stored payload of a finished run (raises FileNotFoundError if it was never run)."""
     path = run_path(config, root)
-    if not path.exists():
+    payload, problem = _parse(path)
+    if problem == "missing":
         raise FileNotFoundError(f"no result for run {config.key()} ({config.method.label}, seed {config.seed}) at {path}")
-    with open(path) as f:
-        return json.load(f)
+    if payload is None:
+        raise ValueError(f"the result of run {config.key()} ({config.method.label}, seed {config.seed}) at {path} is "
+                         f"{problem}; `python -m fedsteer_lib sweep` recomputes it")
+    return payload
 
 
 def load_runs(configs: Iterable[RunConfig], root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
@@ -149,6 +204,7 @@ def runs_table(configs: Iterable[RunConfig], root: str | os.PathLike | None = No
         s = payload["summary"]
         rows.append({**_row(c), "final_accuracy": s["final_accuracy"], "mean_last_accuracy": s["mean_last_accuracy"],
                      "final_loss": s["final_loss"], "collapsed": s["collapsed"], "collapse_round": s["collapse_round"],
+                     "accuracy_before_collapse": s.get("accuracy_before_collapse"),
                      "server_memory_bytes": s["server_memory_bytes"], "wall_time": s["wall_time"],
                      "device": payload["provenance"]["device"]})
         specs.append(c.method)

@@ -214,6 +214,14 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
             new_weights = weights - tr.server_lr * delta
             strategy.update(state, ctx, active, updates, steps, t)
     if not finite:
+        # The run has collapsed: the method ends with the non-finite model w_t - eta_s * Delta,
+        # which is what it is scored on (a diverged model scores what it predicts, about chance).
+        row = {"round": t + 1, "num_active": len(active_ids), "train_loss": float("nan"),
+               "update_norm": float(delta.norm()), "collapsed": True}
+        with rec.phase("eval"):
+            row["accuracy"], row["loss"] = evaluate(sim.flat_model, weights - tr.server_lr * delta,
+                                                    sim.eval_images, sim.eval_labels)
+        rec.history.append(row)
         return None
     forced = sorted(set(strategy.forced_clients(state, ctx, t)) - set(active_ids))
     if forced:  # updates at w_t that the strategy observes but never aggregates

@@ -58,13 +58,17 @@ class Recorder:
                 num_params: int, dim: int) -> dict[str, Any]:
         evaluated = [h for h in self.history if h["accuracy"] == h["accuracy"]]
         last_k = [h["accuracy"] for h in evaluated[-eval_last:]] if eval_last else [evaluated[-1]["accuracy"]]
+        if collapsed:  # the diverged model is the one of every remaining round, the last ones included
+            last_k = [evaluated[-1]["accuracy"]]
         return {
             "final_accuracy": evaluated[-1]["accuracy"],
             "final_loss": evaluated[-1]["loss"],
             "mean_last_accuracy": float(np.mean(last_k)),
             "collapsed": collapsed,
             "collapse_round": collapse_round,
-            "rounds_done": self.history[-1]["round"],
+            # the last accuracy measured before the collapse (None for a run that did not collapse)
+            "accuracy_before_collapse": evaluated[-2]["accuracy"] if collapsed else None,
+            "rounds_done": collapse_round - 1 if collapsed else self.history[-1]["round"],
             "num_params": num_params,
             "dim": dim,
             "server_memory_bytes": self.strategy.memory_bytes(state),
