@@ -40,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "client_batch", 1) < 1:
         parser.error(f"--client-batch must be an integer >= 1, got {args.client_batch}")
+    if getattr(args, "workers", 1) < 1:
+        parser.error(f"--workers must be an integer >= 1 (processes running runs side by side), got {args.workers}")
+    problem = device_problem(args.device) if hasattr(args, "device") else None
+    if problem is None and getattr(args, "results", None) is not None:
+        problem = results_dir_problem(args.results, must_exist=args.command == "status")
+    if problem:
+        parser.error(problem)
     if getattr(args, "client_batch", 1) > 1 and args.device.split(":")[0] == "cpu":
         print("note: --client-batch > 1 vectorises clients for a GPU; on a CPU it was measured slower than training "
               "them one by one (data/results/bench/cpu_batching.json); the results agree up to floating-point rounding",
@@ -123,6 +130,49 @@ def main(argv: list[str] | None = None) -> int:
     print(f"computed {n} runs; {len(queue)} distinct runs in the grid (groups share some runs: "
           f"{', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
     return 0
+
+
+def device_problem(device: str) -> str | None:
+    """Why `device` cannot run the simulations here (None when it can): checked before any
+    compute, so that a missing GPU is one sentence, not a traceback after the progress bar."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        return f"--device {device!r} is not a torch device ({err}); use cpu, cuda or cuda:N"
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":
+        return f"--device {device!r}: only cpu and cuda devices are supported"
+    if not torch.cuda.is_available():
+        return f"--device {device!r}: this machine has no CUDA GPU that torch can use (torch {torch.__version__}); use --device cpu"
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        return f"--device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
+    return None
+
+
+def results_dir_problem(path: str, must_exist: bool = False) -> str | None:
+    """Why `path` cannot serve as a results directory (None when it can): it must be a directory
+    (or be creatable as one) that this process can write into; `must_exist` for reading it."""
+    import tempfile
+    from pathlib import Path
+
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        return f"--results {path}: is a file, not a directory"
+    if must_exist:
+        return None if root.is_dir() else f"--results {path}: no such directory"
+    existing = next(p for p in (root.absolute(), *root.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        return f"--results {path}: cannot write results there ({existing} is a file)"
+    try:  # the directory the sweep would write into, or the one it would create it in
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        return f"--results {path}: cannot write results there ({existing}: {err.strerror or err})"
+    return None
 
 
 if __name__ == "__main__":

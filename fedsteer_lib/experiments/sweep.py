@@ -91,6 +91,8 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
     full participation last within a seed; a worker reuses its prepared data while the
     dataset, seed and gamma stay the same.
     """
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     # Seed by seed, in the order given (the caller's groups), the costly full-participation runs
     # (every client every round) last within a seed.
     todo = sorted(missing(configs, root), key=lambda c: (c.dataset, c.seed, c.method.name == "full"))
@@ -98,7 +100,7 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
         return 0
     root_s = None if root is None else str(root)
     bar = tqdm(total=len(todo), desc=desc, disable=not progress)
-    if workers <= 1:
+    if workers == 1:
         for c in todo:
             bar.set_postfix_str(f"{c.method.label} gamma={c.system.gamma} seed={c.seed}")
             _run_and_save((c, root_s, torch.get_num_threads()))
