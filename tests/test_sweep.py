@@ -100,7 +100,7 @@ def test_committed_results_cover_the_whole_fashion_mnist_paper_grid():
     assert set(rows) == set(run_groups("fmnist", "paper")), out
     for name, (cached, _, total) in rows.items():
         if name in IN_PROGRESS:  # a finished group must leave IN_PROGRESS (its chapter then needs every run)
-            assert cached != total, f"{name} is complete: remove it from groups.IN_PROGRESS\n{out}"
+            assert cached != total or total == "0", f"{name} is complete: remove it from groups.IN_PROGRESS\n{out}"
         else:
             assert cached == total, out
     assert "(every run cached: make book renders from the cache, computing nothing)" in out, out
@@ -148,3 +148,28 @@ def test_server_step_choice_by_hand():
     chosen = select_server_steps(runs).set_index("label")
     assert chosen.loc["a", "server_lr"] == 0.25  # 0.75 beats 0.725
     assert chosen.loc["b", "server_lr"] == 1.0  # a tie at 0.70 goes to the frozen, larger step
+
+
+def test_the_calibrated_point_follows_the_rule_once_the_map_has_every_unbiased_fedavg_run(tmp_path):
+    from fedsteer_lib.experiments.config import CALIBRATION_TARGET
+    from fedsteer_lib.experiments.groups import calibrated_grid, calibration_cell, regime_grid
+    from fedsteer_lib.experiments.results import save_run
+    from fedsteer_lib.simulator.engine import RunResult
+
+    unbiased = [c for c in regime_grid("fmnist", "quick") if c.method.name == "fedavg_unbiased"]
+    assert [(c.training.client_lr, c.training.local_epochs) for c in unbiased] == [(0.03, 1), (0.1, 1)]
+    assert calibration_cell("fmnist", "quick", tmp_path) is None and calibrated_grid("fmnist", "quick", root=tmp_path) == []
+    # |0.45 - 0.509| = 0.059 > |0.55 - 0.509| = 0.041: the lr 0.1 cell, once both cells are cached
+    for c, acc in zip(unbiased, (0.45, 0.55)):
+        save_run(RunResult(config=c.to_dict(), history=[], extras={},
+                           summary={"final_accuracy": acc, "mean_last_accuracy": acc, "final_loss": 1.0,
+                                    "collapsed": False, "collapse_round": None, "server_memory_bytes": 0,
+                                    "wall_time": 1.0}), c, tmp_path)
+        assert (calibration_cell("fmnist", "quick", tmp_path) is None) == (c is unbiased[0])
+    cell = calibration_cell("fmnist", "quick", tmp_path)
+    assert cell == {"client_lr": 0.1, "local_epochs": 1, "mean": 0.55, "n": 1, "paper": CALIBRATION_TARGET["paper_accuracy"]}
+    configs = calibrated_grid("fmnist", "quick", root=tmp_path)
+    labels = [label_without_warmup(c.method) for c in configs]
+    assert "full" not in labels and "fedsteer(ordering=as_written)" in labels and "mifa(start=wait_all)" in labels
+    assert len(labels) == len(set(labels)) == 17
+    assert {(c.training.client_lr, c.training.local_epochs) for c in configs} == {(0.1, 1)}

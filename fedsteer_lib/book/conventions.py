@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..experiments import tuning
 from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import runs_table
@@ -200,14 +201,9 @@ def regime_gains(runs: pd.DataFrame, steer: str = "fedsteer", metric: str = "fin
 
 
 def calibrated_cell(summary: pd.DataFrame) -> dict | None:
-    """The rule of `config.CALIBRATION_TARGET`, applied to a `regime_summary`: the cell whose
-    unbiased FedAvg has the mean closest to the paper's FedAvg; ties: smaller lr, then fewer
-    epochs. None when no cell has that method yet."""
+    """The rule of `config.CALIBRATION_TARGET` (`experiments.tuning.calibrated_cell`), applied
+    to a `regime_summary`: the cell whose unbiased FedAvg has the mean closest to the paper's
+    FedAvg. None when no cell has that method yet."""
     target = CALIBRATION_TARGET
-    fedavg = summary[summary["role"] == target["method"]].copy()
-    if fedavg.empty:
-        return None
-    fedavg["distance"] = (fedavg["mean"] - target["paper_accuracy"]).abs()
-    best = fedavg.sort_values(["distance", "client_lr", "local_epochs"]).iloc[0]
-    return {"client_lr": float(best["client_lr"]), "local_epochs": int(best["local_epochs"]),
-            "fedavg_unbiased": float(best["mean"]), "n": int(best["n"]), "paper": target["paper_accuracy"]}
+    cell = tuning.calibrated_cell(summary[summary["role"] == target["method"]], target["paper_accuracy"])
+    return None if cell is None else {**cell, "fedavg_unbiased": cell["mean"]}

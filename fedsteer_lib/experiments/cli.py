@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, configs in groups.items():
             n_missing = len(missing(configs, root))
             note = ""
-            if name in IN_PROGRESS:
+            if not configs:
+                note = "  (its grid is fixed by runs still missing: see the other groups)"
+            elif name in IN_PROGRESS:
                 note = "  (in progress: the book shows the cached runs)"
                 pending += [name] if n_missing else []
             else:

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .config import (DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, SERVER_LRS, Diagnostics, FLSystem, MethodSpec,
+import pandas as pd
+
+from .config import (CALIBRATION_TARGET, DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, SERVER_LRS, Diagnostics, FLSystem, MethodSpec,
                      Profile, RunConfig, framework_methods, get_profile, method, paper_methods, regime_methods,
                      server_step_methods)
 from .sweep import grid
-from .tuning import VALIDATION_SIZE, tuning_configs
+from .tuning import VALIDATION_SIZE, calibrated_cell, tuning_configs
 
 __all__ = ["paper_grid", "ablation_grid", "framework_grid", "regime_grid", "convergence_methods", "convergence_grid",
-           "alignment_grid", "stability_grid", "server_step_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
+           "alignment_grid", "stability_grid", "server_step_grid", "calibration_cell", "calibrated_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
 
 
 def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> list[RunConfig]:
@@ -65,6 +67,44 @@ def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", devic
                             client_lr=lr, local_epochs=epochs)
     return configs
 
+
+
+def calibration_cell(dataset: str = "fmnist", profile: str | Profile = "paper", root=None) -> dict | None:
+    """The paper-calibrated cell of the regime map (`config.CALIBRATION_TARGET`,
+    `tuning.calibrated_cell`), from the cached runs of the calibration method in every cell of
+    the map; None until all of them are cached (the rule is over the map's seeds)."""
+    from .results import load_run, results_root
+    from .sweep import missing
+
+    target = CALIBRATION_TARGET
+    if dataset != target["dataset"]:
+        return None
+    root = results_root(profile) if root is None else root
+    configs = [c for c in regime_grid(dataset, profile) if c.method.name == target["method"]
+               and c.system.gamma == target["gamma"]]
+    if not configs or missing(configs, root):
+        return None
+    runs = pd.DataFrame([{"client_lr": c.training.client_lr, "local_epochs": c.training.local_epochs,
+                          "final_accuracy": load_run(c, root)["summary"]["final_accuracy"]} for c in configs])
+    cells = runs.groupby(["client_lr", "local_epochs"])["final_accuracy"].agg(mean="mean", n="count").reset_index()
+    return calibrated_cell(cells, target["paper_accuracy"])
+
+
+def calibrated_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu",
+                    root=None) -> list[RunConfig]:
+    """The paper-calibrated point: Table 1's methods (full participation excepted: it is the
+    reference, not a competitor, and costs N clients a round), FedSteer as written and the FedStale
+    code base's baselines, at the calibrated cell's client lr and local epochs, the profile's
+    gammas and seeds. Empty until the cell is known (`calibration_cell`)."""
+    cell = calibration_cell(dataset, profile, root)
+    if cell is None:
+        return []
+    dd = DATASET_DEFAULTS[dataset]
+    methods = [m for m in paper_methods(dataset) if m.name != "full"]
+    methods.append(method("fedsteer", ordering="as_written", core_size=dd["core_size"], lam=dd["lam"]))
+    methods += [m for m in framework_methods(dataset) if m not in methods]
+    return grid(dataset, methods, profile, device=device, client_lr=cell["client_lr"],
+                local_epochs=cell["local_epochs"])
 
 
 def server_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
@@ -135,7 +175,7 @@ def _tuning(dataset: str, profile: str | Profile, device: str) -> dict[str, list
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
 # chapters show the runs that are cached and say how many are missing; `make book` never
 # computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
-IN_PROGRESS: frozenset[str] = frozenset({"regime_map", "server_step_tuning"})
+IN_PROGRESS: frozenset[str] = frozenset({"regime_map", "server_step_tuning", "calibrated_point"})
 
 
 # What `--what` selects: each entry returns {group name: configs}.
@@ -150,6 +190,7 @@ GROUP_SETS: dict[str, Callable[[str, str | Profile, str], dict[str, list[RunConf
         "coordinate_stability": list(stability_grid(d, p, device=dev).values())},
     "tuning": _tuning,
     "server_step": lambda d, p, dev: {"server_step_tuning": server_step_grid(d, p, dev)},
+    "calibrated": lambda d, p, dev: {"calibrated_point": calibrated_grid(d, p, dev)},
 }
 
 

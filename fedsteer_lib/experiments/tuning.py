@@ -14,7 +14,7 @@ import pandas as pd
 
 from .config import FLSystem, RunConfig, Training, method
 
-__all__ = ["GRID", "tuning_configs", "tuning_table", "select", "select_server_steps"]
+__all__ = ["GRID", "tuning_configs", "tuning_table", "select", "select_server_steps", "calibrated_cell"]
 
 GRID = {"client_lr": (0.01, 0.03, 0.1, 0.3), "local_epochs": (1, 2)}
 VALIDATION_SIZE = 10_000
@@ -61,3 +61,16 @@ def select_server_steps(runs: pd.DataFrame) -> pd.DataFrame:
     mean = mean.sort_values(["label", "final_accuracy", "server_lr"], ascending=[True, False, False])
     best = mean.groupby("label", sort=False).head(1)
     return best.rename(columns={"final_accuracy": "val_accuracy_final"}).reset_index(drop=True)
+
+
+def calibrated_cell(cells: pd.DataFrame, paper_accuracy: float) -> dict | None:
+    """The paper-calibrated regime cell (`config.CALIBRATION_TARGET`): among `cells` (one row per
+    regime cell of the calibration method: client_lr, local_epochs, mean final test accuracy over
+    the map's seeds, n), the one whose mean is closest to the paper's `paper_accuracy`; ties go to
+    the smaller client lr, then the fewer local epochs. None when `cells` is empty."""
+    if cells.empty:
+        return None
+    ranked = cells.assign(distance=(cells["mean"] - paper_accuracy).abs())
+    best = ranked.sort_values(["distance", "client_lr", "local_epochs"]).iloc[0]
+    return {"client_lr": float(best["client_lr"]), "local_epochs": int(best["local_epochs"]),
+            "mean": float(best["mean"]), "n": int(best["n"]), "paper": paper_accuracy}
