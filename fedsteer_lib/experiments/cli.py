@@ -6,6 +6,7 @@
     python -m fedsteer_lib tune --dataset fmnist        # FedAvg-only hyperparameter tuning (validation split)
     python -m fedsteer_lib sweep --profile paper --dataset fmnist [--what main|ablations|all] [--workers 2]
                                  [--device cuda --client-batch 100]
+                                 [--executor ray --address auto --gpus-per-run 0.25]
     python -m fedsteer_lib status --profile paper       # how much of a sweep is cached
 """
 from __future__ import annotations
@@ -34,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--client-batch", type=int, default=1, metavar="N",
                            help="train up to N clients of a round at once (vectorised; for GPUs, slower on a CPU; default 1)")
         p.add_argument("--results", default=None, help="results directory (default data/results)")
+        if name == "sweep":
+            p.add_argument("--executor", choices=("local", "ray"), default="local",
+                           help="local: a process pool on this machine (default); ray: one Ray task per run")
+            p.add_argument("--address", default=None,
+                           help="with --executor ray: auto, host:port or ray://host:port (default: a local Ray instance)")
+            p.add_argument("--gpus-per-run", type=float, default=0.0, metavar="F",
+                           help="with --executor ray: the fraction of a GPU each run reserves (e.g. 0.25)")
         if name != "tune":
             p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
             p.add_argument("--what", choices=(*GROUP_SETS, "all"), default="all")
@@ -45,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     problem = device_problem(args.device) if hasattr(args, "device") else None
     if problem is None and getattr(args, "results", None) is not None:
         problem = results_dir_problem(args.results, must_exist=args.command == "status")
+    if problem is None and getattr(args, "executor", "local") == "ray":
+        from .ray_executor import address_problem
+
+        problem = address_problem(args.address)
+    elif problem is None and (getattr(args, "address", None) or getattr(args, "gpus_per_run", 0)):
+        problem = "--address and --gpus-per-run go with --executor ray"
+    if problem is None and not 0 <= getattr(args, "gpus_per_run", 0) <= 1:
+        problem = f"--gpus-per-run must be a fraction in [0, 1], got {args.gpus_per_run}"
     if problem:
         parser.error(problem)
     if getattr(args, "client_batch", 1) > 1 and args.device.split(":")[0] == "cpu":
@@ -128,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     # with at least its first seeds rather than one group complete and the others empty.
     queue = list({c.key(): c.replace(client_batch=args.client_batch)
                   for configs in groups.values() for c in configs}.values())
-    n = run_grid(queue, root, workers=args.workers, desc="+".join(groups))
+    n = run_grid(queue, root, workers=args.workers, desc="+".join(groups), executor=args.executor,
+                 address=args.address, gpus_per_run=args.gpus_per_run)
     print(f"computed {n} runs; {len(queue)} distinct runs in the grid (groups share some runs: "
           f"{', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
     return 0

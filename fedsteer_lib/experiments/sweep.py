@@ -68,7 +68,7 @@ def _run_and_save(args: tuple[RunConfig, str | None, int]) -> str:
         return config.key()
     torch.set_num_threads(threads)
     global _SIM
-    if _SIM is None or not _same_data(_SIM.config, config):
+    if _SIM is None or not same_data(_SIM.config, config):
         _SIM = prepare(config)
     result = run(config, progress=False, sim=_SIM)
     save_run(result, config, root)
@@ -78,21 +78,29 @@ def _run_and_save(args: tuple[RunConfig, str | None, int]) -> str:
 _SIM: SimData | None = None
 
 
-def _same_data(a: RunConfig, b: RunConfig) -> bool:
+def same_data(a: RunConfig, b: RunConfig) -> bool:
     return (a.dataset, a.system, a.seed, a.emnist_split, a.device) == (b.dataset, b.system, b.seed, b.emnist_split, b.device)
 
 
 def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None, *, workers: int = 1,
-             progress: bool = True, desc: str = "runs") -> int:
+             progress: bool = True, desc: str = "runs", executor: str = "local", address: str | None = None,
+             gpus_per_run: float = 0.0) -> int:
     """Compute every config whose result is missing; returns how many were computed.
 
-    workers > 1 runs that many processes, each with its share of the CPU threads.
+    executor "local": workers > 1 runs that many processes, each with its share of the CPU
+    threads. executor "ray": each run is a Ray task (`ray_executor.run_on_ray`) on the cluster
+    at `address` (None: a local Ray instance with `workers` CPUs), `workers` at a time, each
+    with one CPU thread and `gpus_per_run` of a GPU; the driver saves every result.
     Runs are ordered by seed first (a partial sweep covers every method), then as given, with
     full participation last within a seed; a worker reuses its prepared data while the
     dataset, seed and gamma stay the same.
     """
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if not 0 <= gpus_per_run <= 1 or (gpus_per_run and executor != "ray"):
+        raise ValueError(f"gpus_per_run must be in [0, 1] and needs executor='ray', got {gpus_per_run!r}")
     # Seed by seed, in the order given (the caller's groups), the costly full-participation runs
     # (every client every round) last within a seed.
     todo = sorted(missing(configs, root), key=lambda c: (c.dataset, c.seed, c.method.name == "full"))
@@ -100,7 +108,12 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
         return 0
     root_s = None if root is None else str(root)
     bar = tqdm(total=len(todo), desc=desc, disable=not progress)
-    if workers == 1:
+    if executor == "ray":
+        from .ray_executor import run_on_ray
+
+        run_on_ray(todo, lambda result, c: save_run(result, c, root), workers=workers, address=address,
+                   gpus_per_run=gpus_per_run, on_done=lambda c: bar.update())
+    elif workers == 1:
         for c in todo:
             bar.set_postfix_str(f"{c.method.label} gamma={c.system.gamma} seed={c.seed}")
             _run_and_save((c, root_s, torch.get_num_threads()))
