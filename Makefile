@@ -19,7 +19,7 @@ LIB       := $(shell find fedsteer_lib -name "*.py")
 MATHJAX   := book/_static/mathjax/tex-chtml.js
 FMNIST_STAMP := data/.fmnist-ok
 
-.PHONY: help setup venv data system-packages doctor book test lab reproduce book-html clean gpu-data
+.PHONY: help setup venv data system-packages doctor book test lab reproduce book-html clean gpu-data generated
 
 help:
 	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
@@ -76,9 +76,17 @@ $(PROFILE_STAMP):
 book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) $(PROFILE_STAMP) | setup
 	@mkdir -p book/chapters
 	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $(SEEDS_ARG) $*.ipynb ../book/chapters/.$*.ipynb
+	$(PY) -m fedsteer_lib.book.executed_notebooks book/chapters/.$*.ipynb
 	mv book/chapters/.$*.ipynb $@
 
-book-html: | setup
+# Generated pages of the book (not committed): the runtime and environment table of the rerun
+# page and the CSV of every run's summary, from the committed results. Always rewritten (a few
+# seconds; a file whose content is unchanged keeps its date).
+GENERATED_DIR := book/_generated
+generated: | $(STAMP)
+	$(PY) -m fedsteer_lib.book.provenance $(GENERATED_DIR)
+
+book-html: generated | setup
 	$(VENV)/bin/jupyter-book build . --toc book/_toc.yml --config _config.yml -W -n --quiet
 	@echo "book: $(CURDIR)/_build/html/index.html"
 

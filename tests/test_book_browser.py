@@ -316,3 +316,66 @@ def test_screenshot(doc):
     img = mpimg.imread(shot)
     assert img.shape[0] >= 100 and img.shape[1] >= 100, f"{shot} is tiny: {img.shape}"
     assert float(img[..., :3].std()) > 0.01, f"{shot} is blank (a single colour)"
+
+
+# ----------------------------------------------------------------------------- clipped math
+# Measures, after MathJax has typeset the page, every formula's box (<mjx-math>) against the
+# nearest ancestor that clips (overflow other than visible): the theme makes each formula such a
+# box, and ink flush with its edge is cut. That is how the transpose sign of Eq. 3 (Q_t^\top)
+# lost its bar and read as "|" (book/_static/math.css gives the formulas room).
+_CLIP_PROBE = """
+window.addEventListener('load', () => MathJax.startup.promise.then(() => {
+  const rows = [];
+  document.querySelectorAll('mjx-container').forEach((c) => {
+    const math = c.querySelector('mjx-math');
+    if (!math) return;
+    let clip = c;
+    while (clip && clip !== document.body && getComputedStyle(clip).overflowX === 'visible'
+           && getComputedStyle(clip).overflowY === 'visible') clip = clip.parentElement;
+    if (!clip || clip === document.body) return;
+    const m = math.getBoundingClientRect(), r = clip.getBoundingClientRect();
+    const top = r.top + clip.clientTop;
+    rows.push({display: c.getAttribute('display') === 'true', clip: clip.tagName.toLowerCase(),
+               room_top: m.top - top, room_bottom: top + clip.clientHeight - m.bottom,
+               tex: (c.querySelector('mjx-assistive-mml') || c).textContent.slice(0, 50)});
+  });
+  const pre = document.createElement('pre');
+  pre.id = 'fedsteer-clip-probe';
+  pre.textContent = JSON.stringify(rows);
+  document.body.appendChild(pre);
+}));
+"""
+MATH_ROOM_PX = 1.0  # MathJax's ink reaches up to about a pixel beyond its boxes
+
+
+def _clip_rows(doc: str) -> list[dict]:
+    """Run `_CLIP_PROBE` on a copy of the built page (in a temporary folder; a <base> points
+    every relative URL back at the built book) and return its rows."""
+    import html as html_lib
+
+    page = _page_file(doc)
+    text = page.read_text(encoding="utf8")
+    text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
+    text = text.replace("</body>", f"<script>{_CLIP_PROBE}</script></body>", 1)
+    with tempfile.TemporaryDirectory(prefix="fedsteer-clip-") as tmp:
+        probe_page = Path(tmp) / page.name
+        probe_page.write_text(text, encoding="utf8")
+        dom = _chromium(probe_page.as_uri(), "--dump-dom", "--window-size=1280,1800")
+    match = re.search(r'<pre id="fedsteer-clip-probe"[^>]*>(.*?)</pre>', dom, flags=re.S)
+    assert match, f"{doc}: the clip probe did not run (MathJax never finished typesetting?)"
+    return json.loads(html_lib.unescape(match.group(1)))
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_math_is_not_clipped(doc):
+    """Every typeset formula has at least MATH_ROOM_PX of room above and below inside the box
+    that clips it, so no glyph (the transpose's bar, a descender) is cut off."""
+    source, _ = _source(doc)
+    if not MATH_IN_SOURCE.search(_strip_code(source)):
+        return
+    rows = _clip_rows(doc)
+    tight = [f"{'display' if r['display'] else 'inline'} {r['tex']!r} in <{r['clip']}>: "
+             f"{r['room_top']:.2f} px above, {r['room_bottom']:.2f} px below"
+             for r in rows if min(r["room_top"], r["room_bottom"]) < MATH_ROOM_PX]
+    assert not tight, (f"{doc}: {len(tight)} formulas touch the edge of a clipping box (overflow not "
+                       f"visible), so their glyphs are cut off (see book/_static/math.css):\n" + "\n".join(tight[:10]))

@@ -134,7 +134,7 @@ def _fake_probe_run(root, spec, gamma, rows, collapsed=False):
         probes.append({"round": t, "client": -1, "mc_variance": var, "exact_variance": exact, "mse_to_mean": mse,
                        "bias_norm": math.sqrt(bias), "target_norm": 2.0})
         probes.append({"round": t, "client": 0, "staleness": 1, "cos_stale": 0.5, "cos_estimate": 0.9, "true_norm": 1.0})
-    result = RunResult(config=config.to_dict(), history=[], summary={"collapsed": collapsed}, extras={"probes": probes})
+    result = RunResult(config=config.to_dict(), history=[], summary={"collapsed": collapsed, "accuracy_before_collapse": 0.5 if collapsed else None}, extras={"probes": probes})
     save_run(result, config, root)
     return config
 
@@ -256,3 +256,56 @@ def test_refresh_rule_matches_the_engines_coordinate_record(small_sim):
     events = coordinates.coordinate_stability(payload, 2)
     assert len(events) > 0
     assert (events["relative_change"] > 0).all()  # every refresh with a 'before' changes s_i
+
+
+# --- display: the book column's figures and readable tables ------------------------------------
+def _texts_at_least(fig, size):
+    from matplotlib.text import Text
+    fig.canvas.draw()
+    return all(t.get_fontsize() >= size for t in fig.findobj(Text) if t.get_text())
+
+
+def test_readable_value_and_table():
+    from fedsteer_lib.book.table_display import mean_std_text, readable_table, readable_value
+    assert [readable_value(v) for v in (0.81275, 0.9, 3.2e-6, 12345.6, 7, True, False, None, float("nan"))] == [
+        "0.813", "0.9", "3.20 × 10⁻⁶", "12,346", "7", "yes", "no", "—", "—"]
+    assert readable_value(float(np.float32(0.04))) == "0.04" and readable_value(0.99996) == "1.000"
+    assert mean_std_text(0.81275, 0.0123, 8) == "0.813 ± 0.0123 (n = 8)" and "± —" in mean_std_text(0.5, 0.0, 1)
+    table = pd.DataFrame({"a": [0.81275, np.nan], "b": [True, None]}, index=[10, 11])
+    html = readable_table(table).to_html()
+    assert html == readable_table(table).to_html()  # a fixed id: nbval compares it
+    assert "0.813" in html and "—" in html and "yes" in html and ">10<" not in html and "nan" not in html
+
+
+def test_fit_to_column_shrinks_and_raises_small_text():
+    import matplotlib.pyplot as plt
+    from fedsteer_lib.book.figures import style
+    fig, ax = plt.subplots(figsize=(12, 4))
+    ax.plot([0, 1], [0, 1], label="a")
+    ax.legend(fontsize=6)
+    ax.set_title("t", fontsize=7)
+    style.fit_to_column(fig)
+    assert fig.get_size_inches()[0] == pytest.approx(style.COLUMN_WIDTH)
+    assert _texts_at_least(fig, style.MIN_FONT)
+    plt.close(fig)
+
+
+def test_colour_limits_ignore_outliers():
+    from fedsteer_lib.book.figures.style import robust_limits, symmetric_limit
+    values = np.concatenate([np.linspace(-1, 1, 500), [1e6]])
+    lo, hi = robust_limits(values)
+    assert -1 <= lo < 0 < hi <= 1
+    assert symmetric_limit(values) <= 1 and symmetric_limit([0.0, np.nan]) == 1.0
+
+
+def test_coordinate_heatmaps_fit_the_column_and_scale_each_panel():
+    import matplotlib.pyplot as plt
+    from fedsteer_lib.book.figures import coordinates as coord_figs
+    from fedsteer_lib.book.figures.style import COLUMN_WIDTH, MIN_FONT
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(size=(20, 5)) * 1e-3, rng.normal(size=(20, 5)) * 1e3
+    fig = coord_figs.plot_coordinate_heatmaps({"a": {1: small, 2: large}}, marks={"a": {1: [0, 5]}})
+    assert fig.get_size_inches()[0] <= COLUMN_WIDTH and _texts_at_least(fig, MIN_FONT)
+    shown = [ax.images[0].get_array() for ax in fig.axes if ax.images]
+    assert all(np.abs(a).max() > 0.9 for a in shown)  # the small panel is not flat next to the large one
+    plt.close(fig)

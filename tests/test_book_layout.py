@@ -49,3 +49,20 @@ def test_modules_are_small_and_public_names_unique():
                 where = str(path.relative_to(BOOK))
                 assert node.name not in seen, f"{node.name} in {seen.get(node.name)} and {where}"
                 seen[node.name] = where
+
+
+def test_papermills_injected_parameters_are_removed_from_the_page(tmp_path):
+    import json
+
+    from fedsteer_lib.book.executed_notebooks import hide_injected_parameters
+
+    cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "profile = 'quick'"},
+             {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]}, "source": "profile = 'paper'"},
+             {"cell_type": "code", "metadata": {}, "source": "1"}]
+    path = tmp_path / "chapter.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert hide_injected_parameters(path) == 1
+    tags = [c["metadata"].get("tags") for c in json.loads(path.read_text())["cells"]]
+    assert tags == [["parameters"], ["injected-parameters", "remove-cell"], []]
+    assert hide_injected_parameters(path) == 0  # idempotent
+    assert "fedsteer_lib.book.executed_notebooks" in (LIB.parent / "Makefile").read_text()

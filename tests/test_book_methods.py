@@ -90,3 +90,54 @@ def test_clean_label_and_names():
         ["full", "fedsteer", "fedsteer(lam=0.0)", "fedprox", "zzz"]
     colours = methods.palette(["full", "fedsteer", "fedavg"])
     assert colours["full"] == (0.0, 0.0, 0.0) and colours["fedsteer"] != colours["fedavg"]
+
+
+# ----------------------------------------------------------------------------- book/methods.md
+def _markdown_tables(text: str) -> dict[str, list[list[str]]]:
+    """The pipe tables of a Markdown text, by their header row's second cell: body rows as cells."""
+    tables: dict[str, list[list[str]]] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("| ---") and \
+                (i == 0 or not lines[i - 1].startswith("|")):
+            header = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                cells = [c.strip() for c in row.strip().strip("|").split("|")]
+                assert len(cells) == len(header), f"a row of the table {header} has {len(cells)} cells: {row}"
+                rows.append(cells)
+            tables[header[1]] = rows
+    return tables
+
+
+def test_methods_page_lists_every_registered_method_with_its_defaults():
+    """book/methods.md has a row for every method of the registry (and FedSteer as written) in
+    both of its tables, nothing else, lists exactly each method's parameters at their registry
+    defaults (FedSteer's |X| and lambda are also Fashion-MNIST's) and cites a paper for each."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from fedsteer_lib.experiments.config import DATASET_DEFAULTS
+    from fedsteer_lib.experiments.registry import METHODS as REGISTRY, ROLES
+
+    page = Path(__file__).resolve().parents[1] / "book" / "methods.md"
+    tables = _markdown_tables(page.read_text(encoding="utf8"))
+    rules, params = tables["Aggregation $\\Delta_t$"], tables["Parameters (our defaults)"]
+    expected = {info.display: (info.defaults, False) for info in REGISTRY.values()}
+    as_written = ROLES["fedsteer_as_written"]
+    expected[as_written.display] = (dict(as_written.fixed), True)
+    assert sorted(r[0] for r in rules) == sorted(expected), "rows of the aggregation table"
+    assert sorted(r[0] for r in params) == sorted(expected), "rows of the parameters table"
+    steer = REGISTRY["fedsteer"].defaults
+    assert {k: steer[k] for k in ("core_size", "lam")} == {k: DATASET_DEFAULTS["fmnist"][k] for k in ("core_size", "lam")}
+    for name, cell, _paper in params:
+        listed = {k: yaml.safe_load(v) for k, v in re.findall(r"`(\w+) = ([^`]+)`", cell)}
+        want, _ = expected[name]
+        assert listed == want, f"{name}: the page lists {listed}, the registry says {want}"
+        if not want:
+            assert cell == "none", f"{name} has no parameters; the page says {cell!r}"
+        assert "{cite" in _paper, f"{name}: no citation in the Paper column"

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedsteer_lib.book import claim_checks, methods, paper, plan, prose, server_memory, stats, tables
+from fedsteer_lib.book import claim_checks, claim_verdicts, methods, paper, plan, prose, server_memory, stats, tables
 from fedsteer_lib.experiments.config import method
-from fedsteer_lib.experiments.results import method_columns
+from fedsteer_lib.experiments.results import METHOD_PARAMETERS, method_columns
 
 # The methods of the hand-made tables below, by run label (`MethodSpec.label`).
 SPECS = {m.label: m for m in [
@@ -132,14 +132,25 @@ def test_table1_single_seed_has_nan_std_and_display():
     one = make_runs({0.9: {k: v[:1] for k, v in ACC[0.9].items()}})
     t = tables.table1(one)
     assert t["std"].isna().all()
-    shown = tables.table1_display(t)
-    assert shown.loc["FedSteer", ("γ=0.9", "ours (mean ± std)")] == "0.600 (n=1)"
-    assert shown.loc["FedSteer", ("γ=0.9", "paper")] == "0.554"
-    assert shown.loc["FedSteer", ("γ=0.9", "ours − paper")] == "+0.046"
-    assert shown.loc["FedVARP", ("γ=0.9", "paper")] == "—"
-    assert shown.loc["FedStale (best β)", ("γ=0.9", "note")] == "β=0.6, chosen by test accuracy"
-    assert shown.loc["FedSteer", ("γ=0.9", "note")] == ""
+    shown = tables.table1_display(t).set_index("method")
+    assert shown.loc["FedSteer", "γ=0.9: ours"] == "0.600 (n=1)"
+    assert shown.loc["FedSteer", "γ=0.9: paper"] == "0.554"
+    assert shown.loc["FedVARP", "γ=0.9: paper"] == "—"
+    assert shown.loc["FedStale (best β)", "γ=0.9: ours"].endswith(", β=0.6")
     assert list(shown.index)[:2] == ["Full participation", "FedSteer"]
+
+
+def test_table1_display_counts_collapsed_runs_and_gives_the_others_mean():
+    rows = [{"dataset": "fmnist", "gamma": 0.9, "seed": s, "label": "scaffold", "method": "scaffold",
+             "final_accuracy": a, "collapsed": c} for s, (a, c) in enumerate([(0.1, True), (0.7, False), (0.8, False)])]
+    runs = pd.DataFrame(rows)
+    for k in METHOD_PARAMETERS:
+        runs[k] = None
+    t = tables.table1(runs)
+    row = t.iloc[0]
+    assert row["mean"] == pytest.approx(1.6 / 3) and row["collapsed"] == 1 and row["mean_not_collapsed"] == pytest.approx(0.75)
+    cell = tables.table1_display(t).set_index("method").loc["SCAFFOLD", "γ=0.9: ours"]
+    assert cell == f"0.533 ± {np.std([0.1, 0.7, 0.8], ddof=1):.3f} (1 of 3 collapsed; the others 0.750)"
 
 
 def test_table1_rejects_two_labels_for_one_role(runs):
@@ -221,15 +232,6 @@ def test_memory_table_ratio():
 
 
 # ------------------------------------------------------------------------------ ablations
-def test_verdict_wording():
-    assert "single seed" in stats.verdict([0.05], "a", "b")
-    assert "0.050 higher" in stats.verdict([0.05], "a", "b")
-    assert "clear difference" in stats.verdict([0.10, 0.11, 0.09], "a", "b")
-    assert "lower" in stats.verdict([-0.10, -0.11, -0.09], "a", "b")
-    assert "within noise" in stats.verdict([0.10, -0.12, 0.01], "a", "b")
-    assert "no paired runs" in stats.verdict([], "a", "b")
-
-
 def test_paired_comparison(runs):
     a = runs[runs["label"] == "fedsteer"]
     b = runs[runs["label"] == "fedsteer(refresh_every=5)"]
@@ -244,7 +246,7 @@ def test_paired_comparison(runs):
     assert set(p1["n"]) == {1} and p1["s.e."].isna().all()
 
 
-def test_coreset_lambda_and_fig5_verdicts():
+def test_coreset_lambda_table():
     rows = []
     for k, lam, accs in [(10, 0.0, (0.4, 0.5)), (10, 0.5, (0.6, 0.6)), (40, 0.0, (0.7, 0.7)), (40, 0.5, (0.6, 0.6)),
                          (80, 0.0, (0.5, 0.5)), (80, 0.5, (0.6, 0.6)), (160, 0.0, (0.3, 0.3)), (160, 0.5, (0.2, 0.2))]:
@@ -254,12 +256,7 @@ def test_coreset_lambda_and_fig5_verdicts():
                          "method": spec.name, "label": spec.label, **method_columns(spec)})
     table = stats.coreset_lambda_table(pd.DataFrame(rows))
     assert table.set_index(["core_size", "lam"]).loc[(10, 0.0), "mean"] == pytest.approx(0.45)
-    v = stats.fig5_verdicts(table).set_index("|X|")
-    assert v.loc[10, "better here"] == "λ=0.5" and v.loc[10, "agrees"] == True  # noqa: E712
-    assert v.loc[40, "better here"] == "λ=0" and v.loc[40, "agrees"] == True  # noqa: E712
-    assert v.loc[80, "agrees"] == False  # noqa: E712  (paper: λ=0 better for 40..80)
-    assert v.loc[160, "agrees"] is None
-    assert v.loc[10, "λ=0.5 − λ=0"] == pytest.approx(0.15)
+    assert table.set_index(["core_size", "lam"]).loc[(160, 0.5), "n"] == 2
 
 
 # ------------------------------------------------------------------------------ claims
@@ -414,3 +411,204 @@ def test_disagreement_checks_pair_the_suspects_with_the_best_baseline(runs):
     only_main = claim_checks.disagreement_checks(runs, ordering.iloc[:0], fair.iloc[:0])  # ablations not run yet
     assert list(only_main["comparison"]) == ["FedSteer (unbiased) vs best baseline"] * 2
     assert "nothing to check" in prose.describe_disagreement(claim_checks.disagreement_checks(runs.iloc[:0], ordering, fair))
+
+
+# ------------------------------------------------------------------------------ tested verdicts
+def eight_seed_runs() -> pd.DataFrame:
+    """Eight seeds: at γ=0.9 FedSteer clearly above FedAvg (≈ +16.7 %), FedAvg clearly above the
+    rest, full participation clearly above FedSteer; at γ=0.7 FedSteer level with FedVARP."""
+    rng = np.random.default_rng(0)
+    jitter = lambda level: tuple(level + rng.normal(0, 0.01, 8))  # noqa: E731
+    acc = {0.9: {"full": jitter(0.85), "fedsteer": jitter(0.70), "fedavg": jitter(0.60), "fedvarp": jitter(0.50),
+                 "mifa": jitter(0.45)},
+           0.7: {"full": jitter(0.85), "fedsteer": jitter(0.70), "fedavg": jitter(0.60), "fedvarp": jitter(0.70),
+                 "mifa": jitter(0.45)}}
+    return make_runs(acc)
+
+
+def test_claim_verdicts_test_each_claim_paired_by_seed():
+    runs = eight_seed_runs()
+    t1 = tables.table1(runs)
+    mem = server_memory.run_memory_table(memory_runs([("fedvarp", 1000), ("fedsteer(core_size=10)", 100)]))
+    claims = claim_checks.claims_checklist(t1, memory=mem)
+    v = claim_verdicts.claim_verdicts(claims, runs)
+    word = lambda short, gamma=None: v[(v["short"] == short) & (  # noqa: E731
+        v["γ"].isna() if gamma is None else np.isclose(v["γ"], gamma))]["verdict"].iloc[0]
+    assert word("beats FedAvg", 0.9) == "holds"
+    assert word("FedAvg is next-best", 0.9) == "holds"
+    assert word("beats best baseline", 0.9) == "holds"
+    assert word("beats best baseline", 0.7) == "cannot be decided here"  # level with FedVARP
+    assert word("gain ≥ 7.9 % everywhere") == "does not hold"  # 0.70 < 1.079 × 0.70 at γ=0.7
+    assert word("second only to full", 0.9) == "holds"
+    assert word("≈ 10× less memory") == "holds"  # a measurement
+    assert set(v.loc[v["data set"].isin(["emnist", "cifar10"]), "verdict"]) == {"cannot be decided here"}
+    # ours: the per-seed relative gain of the claim's comparison, its std and n
+    beats = v[(v["short"] == "beats FedAvg")].iloc[0]
+    steer, avg = (runs[(runs["label"] == lab) & (runs["gamma"] == 0.9)].set_index("seed")["final_accuracy"]
+                  for lab in ("fedsteer", "fedavg"))
+    assert beats["rel_mean"] == pytest.approx((steer / avg - 1).mean())
+    assert beats["rel_std"] == pytest.approx((steer / avg - 1).std(ddof=1)) and beats["n"] == 8
+    # one family: the p-values are Holm-adjusted over every comparison of the checklist
+    n_tests = sum(len(t) for t in v["tests"])
+    raw = stats.paired_t_test((steer - avg).tolist())["p"]
+    assert raw < beats["p_holm"] <= min(1.0, raw * n_tests)
+    # two paired seeds: indicative only
+    two = claim_verdicts.claim_verdicts(claim_checks.claims_checklist(tables.table1(make_runs())), make_runs())
+    assert set(two.loc[two["tests"].map(len) > 0, "verdict"]) == {"indicative"}
+
+
+def test_verdict_table_is_short_and_links_to_the_evidence():
+    runs = eight_seed_runs()
+    v = claim_verdicts.claim_verdicts(claim_checks.claims_checklist(tables.table1(runs)), runs)
+    table = claim_verdicts.verdict_table(v, {"emnist/0.9/fedsteer_enforce5": "#emnist"}, "#claims")
+    assert list(table.columns) == ["#", "claim", "setting", "paper", "ours (mean ± std, n)", "verdict", "evidence"]
+    assert len(table) == len(v) and set(table["verdict"]) <= set(claim_verdicts.VERDICT_WORDS)
+    assert table["claim"].str.len().max() <= 30 and table["ours (mean ± std, n)"].str.len().max() <= 24
+    first = table.iloc[0]
+    assert first["claim"] == "beats FedAvg" and first["setting"] == "F-MNIST, γ=0.9" and first["paper"] == "+8.8\u00a0%"
+    assert first["ours (mean ± std, n)"].endswith("(n=8)") and first["evidence"] == '<a href="#claims">§</a>'
+    assert '<a href="#emnist">' in table.loc[table["claim"] == "EMNIST claims", "evidence"].iloc[0]
+    notes = claim_verdicts.claim_footnotes(v)
+    assert notes.count("\n") == len(v) - 1 and "“On Fashion-MNIST (γ=0.9), FedSteer provides" in notes
+    assert "FedSteer vs FedAvg (F-MNIST, γ=0.9): +" in notes and "Holm-adjusted p = " in notes
+    tests = claim_verdicts.claim_tests_table(v)
+    assert len(tests) == sum(len(t) for t in v["tests"]) and "FedSteer vs 1.079 × FedVARP" in set(tests["comparison"])
+    counts = claim_verdicts.verdict_counts(v)
+    assert sum(counts.values()) == len(v)
+    assert claim_verdicts.verdict_summary(v).startswith(f"Of the {len(v)} claim checks, {counts['holds']} hold")
+
+
+def test_quoted_number_seeds_pair_the_gains_by_seed(t1, runs):
+    compare = tables.compare_with_paper(t1)
+    q = claim_verdicts.quoted_number_seeds(compare, t1, tables.gains(t1), runs).set_index(["key", "seed"])
+    assert q.loc[("fmnist/0.9/fedsteer", 1), "value"] == pytest.approx(0.62)
+    assert q.loc[("fmnist/0.9/gain_vs_fedavg", 0), "value"] == pytest.approx(0.60 / 0.50 - 1)
+    assert q.loc[("fmnist/0.7/gain_vs_best", 1), "value"] == pytest.approx(0.72 / 0.75 - 1)  # best: FedVARP
+    assert q.loc[("all/min_gain_vs_best", 0), "value"] == pytest.approx(0.70 / 0.73 - 1)  # the minimum is at γ=0.7
+    assert set(q["kind"]) == {"accuracy", "gain"} and (q["paper"] > 0).all()
+
+
+def test_compare_display_is_short_and_readable(t1):
+    runs = make_runs()
+    t1c = tables.table1(runs.assign(collapsed=(runs["label"] == "fedavg") & (runs["seed"] == 1)))
+    compare = tables.compare_with_paper(t1c)
+    shown = tables.compare_display(compare)
+    assert list(shown.columns) == ["#", "number", "setting", "paper", "ours", "ours − paper"]
+    text = shown.to_string()
+    for bad in ("nan", "None", "True", "False", "NaN"):
+        assert bad not in text
+    assert shown.set_index("#").loc["3", "paper"] == "+8.8\u00a0%"  # never split from its unit
+    row = shown.set_index("#").loc["2"]  # FedAvg at γ=0.9
+    assert row["number"] == "FedAvg accuracy" and row["ours"] == "0.520 (n=2, 1 collapsed)"
+    assert shown.set_index("#").loc["7", "ours"] == "not run"
+    sources = prose.describe_quoted_sources(compare)
+    assert sources.count("\n") == len(compare) - 1 and sources.startswith("1. §4.2: “On Fashion-MNIST")
+
+
+def test_chapter10_figures_fit_the_column():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedsteer_lib.book.figures import paper_comparison
+    from fedsteer_lib.book.figures import server_memory as memory_figures
+
+    runs = make_runs()
+    t1 = tables.table1(runs)
+    seeds = claim_verdicts.quoted_number_seeds(tables.compare_with_paper(t1), t1, tables.gains(t1), runs)
+    mem = server_memory.run_memory_table(memory_runs([("fedavg", 0), ("fedvarp", 1000), ("fedsteer(core_size=10)", 100)]))
+    for fig in (paper_comparison.plot_quoted_numbers(seeds), memory_figures.plot_memory_bars(mem)):
+        assert fig.get_figwidth() <= 6.4
+        sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip()]
+        assert sizes and min(sizes) >= 9
+        plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ chapter 6's figures
+def make_curves(runs: pd.DataFrame, rounds: int = 20, eval_every: int = 5, eval_last: int = 4) -> pd.DataFrame:
+    """History rows (`Book.curves`' columns) for every run of `runs`: evaluated every `eval_every`
+    rounds and in each of the last `eval_last` rounds (those off the cadence at 0.0, a zigzag that
+    must not be drawn); SCAFFOLD at γ=0.9 collapses, seed 0 at round 8 and seed 1 at round 12."""
+    rows = []
+    for r in runs.itertuples():
+        stop = {0: 8, 1: 12}[r.seed] if (r.label == "scaffold" and r.gamma == 0.9) else None
+        for t in sorted(set(range(0, rounds + 1, eval_every)) | set(range(rounds - eval_last + 1, rounds + 1))):
+            if stop is not None and t >= stop:
+                rows.append({"round": stop, "accuracy": 0.1, "loss": float("nan"), "collapsed": True})
+                break
+            on = t % eval_every == 0 or t == rounds
+            rows.append({"round": t, "accuracy": 0.5 if on else 0.0, "loss": 1.0 if on else 9.0, "collapsed": None})
+            rows[-1]["accuracy"] += 0.01 * r.seed
+        for row in rows:
+            row.setdefault("label", r.label)
+            row.setdefault("gamma", r.gamma)
+            row.setdefault("seed", r.seed)
+            row.setdefault("rounds", rounds)
+    return pd.DataFrame(rows)
+
+
+def _texts_fit_the_column(fig) -> None:
+    import matplotlib
+
+    assert fig.get_figwidth() <= 6.4
+    sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip()]
+    assert sizes and min(sizes) >= 9
+
+
+def test_cadence_curve_keeps_the_cadence_and_counts_collapsed_runs_as_table1():
+    from fedsteer_lib.book.figures import accuracy
+
+    runs = make_runs()
+    curves = make_curves(runs)
+    scaffold = curves[(curves["label"] == "scaffold") & (curves["gamma"] == 0.9)]
+    mean, std, stops = accuracy.cadence_curve(scaffold, "accuracy", 5)
+    assert list(mean.index) == [0, 5, 10, 15, 20]  # not rounds 17-19 (off the cadence) nor the collapse rounds
+    assert mean.tolist() == pytest.approx([0.505, 0.505, (0.1 + 0.51) / 2, 0.1, 0.1])  # the diverged score carried on
+    assert sorted(stops.tolist()) == [8, 12]
+    loss, _, _ = accuracy.cadence_curve(scaffold, "loss", 5)
+    assert loss.loc[[0, 5]].tolist() == [1.0, 1.0]
+    assert loss.loc[[10, 15, 20]].isna().all()  # no finite loss once a seed has diverged
+    fedavg_rows = curves[(curves["label"] == "fedavg") & (curves["gamma"] == 0.9)]
+    fedavg, _, none = accuracy.cadence_curve(fedavg_rows, "accuracy", 5)
+    assert fedavg.tolist() == pytest.approx([0.505] * 5) and none.empty
+
+
+def test_chapter6_figures_fit_the_column_with_legends_per_panel():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedsteer_lib.book.figures import accuracy
+
+    runs = make_runs()
+    t1 = tables.table1(runs)
+    curves = make_curves(runs)
+    fig4 = accuracy.plot_accuracy_by_gamma(curves, t1, eval_every=5)
+    fig6 = accuracy.plot_convergence(curves, t1, 0.9, eval_every=5)
+    bars = accuracy.plot_table1_bars(t1, runs)
+    for fig in (fig4, fig6, bars):
+        _texts_fit_the_column(fig)
+    by_title = {ax.get_title(): ax for ax in fig4.axes}
+    for gamma, beta, best, collapse in ((0.7, 0.9, "FedVARP, best baseline", None),
+                                        (0.9, 0.6, "FedAvg", "SCAFFOLD: collapsed (2 of 2 seeds)")):
+        ax = by_title[f"γ = {gamma:g} (2 seeds)"]
+        drawn = {line.get_label() for line in ax.get_lines()}
+        assert f"FedStale (β={beta})" in drawn  # FedStale at this γ's Table 1 β
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend[:3] == ["Full participation", "FedSteer", "FedAvg"] and best in legend
+        assert set(legend) - drawn <= {"other methods", "SCAFFOLD: collapsed (2 of 2 seeds)"}
+        assert (collapse in legend) if collapse else not any("collapsed" in t for t in legend)
+        for line in ax.get_lines():
+            x = np.asarray(line.get_xdata())
+            if len(x) > 1:  # a curve (not an x mark): the regular cadence up to the final round
+                assert set(x) <= {0, 5, 10, 15, 20} and x.max() == 20
+    marks = [line for line in by_title["γ = 0.9 (2 seeds)"].get_lines() if line.get_marker() == "x"]
+    assert len(marks) == 1 and marks[0].get_xdata()[0] == pytest.approx(10.0)  # the mean collapse round
+    assert len(fig6.axes) == 2 and all(ax.get_legend() is not None for ax in fig6.axes)
+    dots = sum(len(c.get_offsets()) for ax in bars.axes for c in ax.collections if c.get_sizes()[0] == 10)
+    assert dots == sum(len(runs[(runs["gamma"] == g) & (runs["label"] == lab)]["final_accuracy"].dropna())
+                       for g, lab in zip(t1["gamma"], t1["label"]))  # one dot per seed
+    for fig in (fig4, fig6, bars):
+        plt.close(fig)

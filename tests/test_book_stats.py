@@ -1,10 +1,14 @@
-"""The paired t-test, Holm's correction and the verdict rule, against printed tables and by hand."""
+"""The paired t-test, Holm's correction and the verdict rule, against printed tables and by hand;
+paired comparisons as one family, Fig. 5's pairs and the tables and sentences built from them."""
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fedsteer_lib.book import stats
+from fedsteer_lib.experiments.config import method
+from fedsteer_lib.experiments.results import method_columns
 
 
 @pytest.mark.parametrize("t, df, p", [
@@ -42,7 +46,105 @@ def test_verdict_words_need_five_seeds_and_the_corrected_test():
     weak = [0.01, -0.02, 0.03, 0.00, -0.01, 0.02]
     few = [0.05, 0.06, 0.05]  # as clear, but only 3 seeds
     v = stats.tested_verdicts([strong, weak, few])
-    assert list(v["verdict"]) == ["FedSteer higher", "no clear difference", "indicative (n < 5)"]
+    assert list(v["verdict"]) == ["FedSteer higher", "no clear difference", "indicative (n = 3, no test)"]
     assert math.isnan(v.loc[2, "p_holm"])  # the indicative comparison does not enter the family
     assert v.loc[0, "p_holm"] == pytest.approx(min(1, 2 * v.loc[0, "p"]))  # a family of two
     assert stats.tested_verdicts([[-x for x in strong]])["verdict"][0] == "FedSteer lower"
+
+
+# ------------------------------------------------------------------ paired comparisons as one family
+def _runs(label: str, accs: dict[float, tuple], **params) -> pd.DataFrame:
+    """Runs of one method: per gamma, one final accuracy per seed 0, 1, ..."""
+    spec = method(label, **params)
+    return pd.DataFrame([{"dataset": "fmnist", "gamma": g, "seed": s, "final_accuracy": a, "collapsed": False,
+                          "method": spec.name, "label": spec.label, **method_columns(spec)}
+                         for g, values in accs.items() for s, a in enumerate(values)])
+
+
+A6 = (0.80, 0.82, 0.81, 0.83, 0.80, 0.84)
+B6 = (0.75, 0.76, 0.77, 0.77, 0.75, 0.78)  # a − b = 0.05, 0.06, 0.04, 0.06, 0.05, 0.06
+
+
+def test_paired_comparison_pairs_by_seed_and_tests():
+    a = _runs("fedsteer", {0.9: A6, 0.7: (0.5, 0.6)})
+    b = _runs("fedavg", {0.9: B6, 0.7: (0.4, 0.3)})
+    p = stats.paired_comparison(a, b, "A", "B").set_index("gamma")
+    d = np.array(A6) - np.array(B6)
+    assert p.loc[0.9, "difference"] == pytest.approx(0.32 / 6) and p.loc[0.9, "n"] == 6
+    assert p.loc[0.9, "differences"] == pytest.approx(tuple(d))
+    se = np.std(d, ddof=1) / math.sqrt(6)
+    assert p.loc[0.9, "s.e."] == pytest.approx(se)
+    assert p.loc[0.9, "p"] == pytest.approx(stats.t_two_sided_p((0.32 / 6) / se, 5))
+    assert p.loc[0.9, "A"] == pytest.approx(np.mean(A6)) and p.loc[0.9, "std b"] == pytest.approx(np.std(B6, ddof=1))
+    assert p.loc[0.9, "wins"] == "6/6" and p.loc[0.9, "pair"] == ("A", "B")
+    assert p.loc[0.7, "differences"] == pytest.approx((0.1, 0.3)) and p.loc[0.7, "wins"] == "2/2"
+    one = stats.paired_comparison(a[a["seed"] == 0], b, "A", "B")  # a seed missing on one side is not paired
+    assert set(one["n"]) == {1} and one["p"].isna().all() and one["s.e."].isna().all()
+    assert "verdict" not in p  # a verdict needs the family (family_verdicts)
+
+
+def test_family_verdicts_holm_over_the_tested_rows_only():
+    table = pd.DataFrame({"gamma": [0.9, 0.9, 0.7, 0.7], "comparison": ["A vs B", "C vs D", "E vs F", "G vs H"],
+                          "n": [8, 8, 2, 8], "difference": [0.05, -0.04, 0.30, 0.01],
+                          "p": [0.004, 0.02, 0.001, 0.30], "pair": [("A", "B"), ("C", "D"), ("E", "F"), ("G", "H")]})
+    v = stats.family_verdicts(table)
+    # the family is rows 0, 1, 3 (n >= 5): sorted 0.004, 0.02, 0.30 -> 0.012, 0.04, 0.30
+    assert v.loc[0, "p_holm"] == pytest.approx(0.012) and v.loc[1, "p_holm"] == pytest.approx(0.04)
+    assert v.loc[3, "p_holm"] == pytest.approx(0.30) and math.isnan(v.loc[2, "p_holm"])
+    assert list(v["verdict"]) == ["A higher than B", "C lower than D", "indicative (n = 2, no test)",
+                                  "no clear difference between G and H"]
+    assert list(v["significant"]) == [True, True, False, False]
+    # one more tested comparison in the family: 0.02 * 3 = 0.06 is no longer below 0.05
+    bigger = stats.family_verdicts(pd.concat([table, table.iloc[[3]].assign(p=0.5)], ignore_index=True))
+    assert bigger.loc[1, "p_holm"] == pytest.approx(0.06) and bigger.loc[1, "verdict"] == "no clear difference between C and D"
+
+
+def test_describe_verdicts_gives_the_test_only_where_there_is_one():
+    table = pd.DataFrame({"gamma": [0.9, 0.7], "comparison": ["A vs B", "E vs F"], "n": [8, 1],
+                          "difference": [0.05, -0.3], "p": [0.004, float("nan")], "pair": [("A", "B"), ("E", "F")]})
+    text = stats.describe_verdicts(stats.family_verdicts(table))
+    assert text.splitlines() == [
+        "- γ = 0.9, A vs B: a − b = +0.050 (8 seeds, paired t-test, Holm-adjusted p = 0.004): A higher than B.",
+        "- γ = 0.7, E vs F: a − b = -0.300 (mean over 1 seed): indicative (n = 1, no test)."]
+
+
+def test_comparisons_display_reads_without_nan():
+    a = _runs("fedsteer", {0.9: A6, 0.7: (0.5,)})
+    b = _runs("fedavg", {0.9: B6, 0.7: (0.4,)})
+    shown = stats.comparisons_display(stats.family_verdicts(stats.paired_comparison(a, b, "A", "B")))
+    row7, row9 = shown.iloc[0], shown.iloc[1]
+    assert list(shown.columns) == ["γ", "comparison (a vs b)", "n", "a", "b", "a − b", "a wins", "p (Holm)", "verdict"]
+    assert row9["a"] == f"{np.mean(A6):.3f} ± {np.std(A6, ddof=1):.3f}" and row9["a − b"].startswith("0.053 ± ")
+    assert row7["a"] == "0.500" and row7["p (Holm)"] == "—" and row7["γ"] == "0.7"
+    assert not shown.astype(str).apply(lambda c: c.str.contains("nan|None|True|False")).any().any()
+
+
+def test_coreset_lambda_pairs_and_the_papers_reading():
+    runs = pd.concat([
+        _runs("fedsteer", {0.9: (0.60, 0.62)}, core_size=10, lam=0.5, refresh_every=5),
+        _runs("fedsteer", {0.9: (0.50, 0.51)}, core_size=10, lam=0.0, refresh_every=5),
+        _runs("fedsteer", {0.9: (0.70, 0.71, 0.70, 0.72, 0.69)}, core_size=40, lam=0.5, refresh_every=5),
+        _runs("fedsteer", {0.9: (0.60, 0.60, 0.61, 0.60, 0.59)}, core_size=40, lam=0.0, refresh_every=5),
+        _runs("fedsteer", {0.9: (0.3,) * 5}, core_size=160, lam=0.5, refresh_every=5),
+        _runs("fedsteer", {0.9: (0.2, 0.21, 0.2, 0.19, 0.2)}, core_size=160, lam=0.0, refresh_every=5)])
+    assert set(stats.with_core_lambda(runs)["core_size"]) == {10, 40, 160}
+    pairs = stats.coreset_lambda_pairs(runs).set_index("|X|")
+    assert pairs.loc[10, "difference"] == pytest.approx(0.105) and pairs.loc[10, "n"] == 2
+    assert list(pairs["paper (EMNIST)"]) == ["λ=0.5 better", "λ=0 better", "both degrade"]
+    assert pairs.loc[40, "comparison"] == "λ=0.5 vs λ=0, |X|=40"
+    fam = stats.family_verdicts(pairs.reset_index())
+    assert list(stats.paper_agreement(fam)) == [
+        "indicative (n = 2, no test)",  # clear-looking, but two seeds: no verdict
+        "disagrees with the paper",  # λ=0.5 higher by 0.104 at |X| = 40, where the paper has λ = 0 better
+        "the paper gives no direction"]
+    p40, p160 = fam.loc[1, "p"], fam.loc[2, "p"]  # a family of two tested rows; |X| = 160's p is the smaller
+    assert p160 < p40 and fam.loc[2, "p_holm"] == pytest.approx(2 * p160)
+    assert fam.loc[1, "p_holm"] == pytest.approx(max(p40, 2 * p160))
+    # a tested difference that is not significant is not read as agreeing or disagreeing
+    weak = fam.assign(significant=False, verdict="no clear difference between λ=0.5 and λ=0")
+    assert set(stats.paper_agreement(weak)) == {"no clear difference between λ=0.5 and λ=0"}
+
+
+def test_family_verdicts_of_no_comparison():
+    out = stats.family_verdicts(pd.DataFrame())
+    assert out.empty and {"p_holm", "significant", "verdict"} <= set(out.columns)

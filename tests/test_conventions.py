@@ -72,3 +72,11 @@ def test_regime_summary_gains_and_the_calibrated_cell():
     # |0.45 - 0.509| = 0.059 and |0.55 - 0.509| = 0.041: the lr 0.03 cell is closest to the paper
     assert conv.calibrated_cell(summary)["client_lr"] == 0.03
     assert conv.calibrated_cell(summary[summary["role"] != "fedavg_unbiased"]) is None
+    provisional = conv.describe_calibrated_cell(summary, None, 0, 0)
+    assert provisional.startswith("Provisionally") and "client lr 0.03, E = 1: unbiased FedAvg 0.550 over 2 seeds" in provisional
+    assert "FedAvg 0.700" in provisional and "computed so far" not in provisional
+    final = {"client_lr": 0.01, "local_epochs": 1, "mean": 0.45, "n": 3, "paper": 0.509}
+    text = conv.describe_calibrated_cell(summary, final, 5, 272)
+    assert text.startswith("The rule picks client lr 0.01, E = 1: unbiased FedAvg 0.450 over 3 seeds (the paper: 0.509)")
+    assert "5 of 272 runs computed so far" in text
+    assert conv.describe_calibrated_cell(summary[summary["role"] != "fedavg_unbiased"], None, 0, 0).startswith("No cell")

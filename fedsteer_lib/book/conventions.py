@@ -19,7 +19,8 @@ from .paper import paper_value_for
 from .stats import tested_verdicts
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
-           "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell"]
+           "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell",
+           "describe_calibrated_cell"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
 CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -207,3 +208,24 @@ def calibrated_cell(summary: pd.DataFrame) -> dict | None:
     target = CALIBRATION_TARGET
     cell = tuning.calibrated_cell(summary[summary["role"] == target["method"]], target["paper_accuracy"])
     return None if cell is None else {**cell, "fedavg_unbiased": cell["mean"]}
+
+
+def describe_calibrated_cell(summary: pd.DataFrame, final: dict | None, point_cached: int, point_total: int) -> str:
+    """The calibrated cell in words: `final` (`experiments.groups.calibration_cell`) once every
+    unbiased FedAvg run of the map is cached, else the rule applied to the map so far
+    (`summary`, a `regime_summary`), marked provisional; the methods' means in that cell, and
+    how many runs of the calibrated point (`groups.calibrated_grid`) are cached."""
+    cell = final if final is not None else calibrated_cell(summary)
+    if cell is None:
+        return "No cell of the map has unbiased FedAvg runs yet."
+    in_cell = summary[np.isclose(summary["client_lr"], cell["client_lr"]) & (summary["local_epochs"] == cell["local_epochs"])]
+    means = ", ".join(f"{display_name(r)} {m:.3f}" for r, m in zip(in_cell["role"], in_cell["mean"]))
+    seeds = f"{cell['n']} seed{'s' if cell['n'] != 1 else ''}"
+    head = ("The rule picks" if final is not None else
+            "Provisionally (not every unbiased FedAvg run of the map is in yet), the rule picks")
+    text = (f"{head} client lr {cell['client_lr']:g}, E = {cell['local_epochs']}: unbiased FedAvg "
+            f"{cell['mean']:.3f} over {seeds} (the paper: {cell['paper']:.3f}). In that cell: {means}.")
+    if final is not None:
+        text += (f" Table 1's methods and the FedStale code base's baselines at this cell, every seed and both γ: "
+                 f"{point_cached} of {point_total} runs computed so far (`python -m fedsteer_lib sweep --what calibrated`).")
+    return text

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["coords_histories", "refresh_rounds", "coordinate_changes", "coordinate_stability",
-           "unexplained_changes", "stability_summary", "stability_verdict"]
+           "unexplained_changes", "stability_summary", "stability_verdict", "stability_display",
+           "refresh_change_display"]
 
 
 def coords_histories(payload: Mapping[str, Any]) -> dict[int, np.ndarray]:
@@ -135,3 +136,28 @@ def stability_verdict(summary: pd.DataFrame, min_cosine: float = 0.9, max_change
                             f"(criterion: cosine >= {min_cosine}, change <= {max_change}).")
     out["message"] = messages
     return out
+
+
+_SHOWN = {"refreshes": "refreshes", "tracked_in_core": "tracked in core", "median_cosine": "median cosine",
+          "median_relative_change": "median relative change", "first_last_cosine": "first→last cosine",
+          "cross_client_cosine": "cross-client cosine"}
+
+
+def stability_display(summary: pd.DataFrame) -> pd.DataFrame:
+    """`stability_summary` (indexed by setting) for reading: the setting as a column, the columns
+    named as the book's text names them, "—" where no tracked client is in the core set."""
+    out = summary.reset_index()[["setting", *_SHOWN]].rename(columns=_SHOWN)
+    out["tracked in core"] = out["tracked in core"].replace("-", "—")
+    return out
+
+
+def refresh_change_display(events: pd.DataFrame) -> pd.DataFrame:
+    """Per setting and tracked client (rows of `coordinate_stability` with a `setting` column):
+    the number of refreshes, whether the client is in the core set ("yes"/"no"), and the median
+    cosine and relative change at its refreshes."""
+    out = events.groupby(["setting", "client", "in_core"], sort=False).agg(
+        refreshes=("round", "size"), median_cosine=("cosine", "median"),
+        median_relative_change=("relative_change", "median")).reset_index()
+    out["in_core"] = out["in_core"].map({True: "yes", False: "no"})
+    return out.rename(columns={"in_core": "in core", "median_cosine": "median cosine",
+                               "median_relative_change": "median relative change"})

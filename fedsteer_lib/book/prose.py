@@ -16,7 +16,8 @@ from .stats import format_pct
 from .tables import gains, table1
 
 __all__ = ["profile_note", "smoke_test_note", "describe_gains", "describe_metrics", "describe_collapses",
-           "main_findings", "describe_comparison", "describe_claims", "describe_disagreement", "accuracy_level_note"]
+           "main_findings", "describe_comparison", "describe_claims", "describe_disagreement", "accuracy_level_note",
+           "describe_quoted_sources"]
 
 
 def profile_note(profile, runs: pd.DataFrame) -> str:
@@ -129,9 +130,10 @@ def describe_comparison(compare: pd.DataFrame, profile=None) -> str:
                      f"{acc['ours − paper'].max():+.3f}; the largest gap is {worst['method']} at γ={worst['γ']:g} "
                      f"({worst['ours']:.3f} vs {worst['paper']:.3f}).")
     for _, r in done[done["quantity"].str.contains("gain")].iterrows():
-        where = f"{r['data set']}, γ={r['γ']:g}" if r["γ"] == r["γ"] else "every setting run here"
-        lines.append(f"- {r['quantity'].replace('_', ' ')} ({where}): ours {format_pct(r['ours'])}, "
-                     f"paper {format_pct(r['paper'])}.")
+        where = (f"{DATASET_NAMES.get(r['data set'], r['data set'])}, γ={r['γ']:g}" if r["γ"] == r["γ"]
+                 else "every setting run here")
+        what = r["quantity"].replace("_", " ").capitalize().replace("fedavg", "FedAvg")
+        lines.append(f"- {what} ({where}): ours {format_pct(r['ours'])}, paper {format_pct(r['paper'])}.")
     if profile is not None and smoke_test_note(profile):
         lines.append(f"- {smoke_test_note(profile)}")
     return "\n".join(lines)
@@ -160,7 +162,7 @@ def describe_disagreement(checks: pd.DataFrame) -> str:
         lines.append(f"\n**{suspect.capitalize()}**: {SUSPECTS[suspect]}.\n")
         for _, r in grp.iterrows():
             best = f" (the best baseline here: {r['best baseline name']})" if "best baseline" in r["comparison"] else ""
-            lines.append(f"- γ={r['gamma']:g}: {r['verdict']}; relative gain {format_pct(r['relative gain'])}{best}.")
+            lines.append(f"- γ={r['gamma']:g}, {r['comparison']}: {r['verdict']}; relative gain {format_pct(r['relative gain'])}{best}.")
     literal = checks[checks["comparison"] == "FedSteer (as written) vs best baseline"]
     quoted = [(r, paper_value_for(r["dataset"], r["gamma"], "gain_vs_best_baseline", "fedsteer")) for _, r in literal.iterrows()]
     quoted = [(r, paper) for r, paper in quoted if paper == paper]
@@ -198,3 +200,18 @@ def accuracy_level_note(tuning: pd.DataFrame | None, dataset: str = "fmnist", ga
     else:
         text += "The paper's accuracy level is within the range our hyperparameter grid produces."
     return text
+
+
+def describe_quoted_sources(compare: pd.DataFrame) -> str:
+    """Markdown, one numbered item per row of `tables.compare_display`: the paper's sentence the
+    number comes from (section), how ours was obtained, whether it is compared, and the note."""
+    from .paper import PAPER
+
+    notes = {p.key: p.note for p in PAPER}
+    lines = []
+    for k, (_, r) in enumerate(compare.iterrows(), start=1):
+        how = f" Ours: {r['our setting']}." if r["our setting"] else ""
+        note = notes.get(r["key"], "")
+        lines.append(f"{k}. {r['section']}: “{r['sentence']}”{how} {r['status'].capitalize()}."
+                     + (f" Note: {note}." if note else ""))
+    return "\n".join(lines)

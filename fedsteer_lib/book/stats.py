@@ -1,13 +1,17 @@
-"""Statistics of result tables: means over seeds, paired comparisons and their verdicts,
-collapse counts, and Fig. 5's core-set size x lambda grid.
+"""Statistics of result tables: means over seeds, paired comparisons and the verdicts a test
+allows, collapse counts, and Fig. 5's core-set size x lambda grid.
 
 Every function takes the tidy tables of `Book.runs` (one row per run: dataset, method, label,
 gamma, seed, final_accuracy, collapsed, ..., one column per method parameter) and returns a
-pandas DataFrame or a sentence. With more than one seed, a difference counts as real only when
-it exceeds two standard errors (`verdict`); with one seed no conclusion is drawn.
+pandas DataFrame or a sentence. Comparisons are paired by seed and tested with the paired
+two-sided t-test (`paired_t_test`, exact p from `t_two_sided_p`); the p-values of one family of
+comparisons (a chapter's, or one table's) are adjusted with Holm's method (`holm`,
+`family_verdicts`, `tested_verdicts`). A verdict ("higher", "lower", "agrees with the paper")
+is stated only with at least MIN_SEEDS_FOR_VERDICT = 5 paired seeds and a Holm-adjusted p below
+0.05; with fewer seeds the numbers are shown as indicative, with no test and no verdict.
 
 Used by Table 1 and the collapse counts (chapter 6), every ablation comparison and Fig. 5
-(chapter 7), and the claim checks (chapter 10).
+(chapter 7), FedSteer's paired gains (chapter 9) and the claim checks (chapter 10).
 """
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ import pandas as pd
 from .methods import method_order, method_specs, roles, table_name
 from .paper import NUM_CLASSES
 
-__all__ = ["summarize", "format_pct", "collapse_counts", "verdict", "paired_comparison", "coreset_lambda_table",
-           "fig5_verdicts", "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts"]
+__all__ = ["summarize", "format_pct", "collapse_counts", "with_core_lambda", "paired_comparison", "family_verdicts",
+           "coreset_lambda_table", "coreset_lambda_pairs", "paper_agreement", "comparisons_display", "describe_verdicts",
+           "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts"]
 
 # Verdict words need at least this many paired seeds; fewer are shown as indicative only.
 MIN_SEEDS_FOR_VERDICT = 5
@@ -71,71 +76,143 @@ def collapse_counts(runs: pd.DataFrame, chance_factor: float = 1.5) -> pd.DataFr
     return out[["dataset", "gamma", "label", "method", "runs", "non_finite", "near_chance"]].reset_index(drop=True)
 
 
-def verdict(diffs: Sequence[float], a: str, b: str, tol: float = 0.0) -> str:
-    """A plain-language reading of paired differences a - b (one per seed).
-
-    With one seed no conclusion is drawn; with more, the difference counts as real only when
-    |mean| > 2 standard errors (and > tol)."""
-    d = np.asarray([x for x in diffs if x == x], dtype=float)
-    if d.size == 0:
-        return f"no paired runs of {a} and {b}"
-    mean = float(d.mean())
-    direction = "higher" if mean > 0 else "lower" if mean < 0 else "equal"
-    if d.size == 1:
-        return (f"{a} is {abs(mean):.3f} {direction} than {b} on the single seed run — one seed cannot "
-                "separate this from seed-to-seed noise")
-    sem = float(d.std(ddof=1) / math.sqrt(d.size))
-    if abs(mean) > max(2 * sem, tol):
-        return f"{a} is {abs(mean):.3f} {direction} than {b} (mean over {d.size} seeds, ±{sem:.3f} s.e.): a clear difference"
-    return (f"{a} and {b} differ by {mean:+.3f} (mean over {d.size} seeds, ±{sem:.3f} s.e.): "
-            "within noise, no clear difference")
+def with_core_lambda(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs with their core-set size (`core_size`) and ridge λ (`lam`) as columns, from the
+    method columns."""
+    specs = method_specs(runs)
+    return runs.assign(core_size=[int(s.get("core_size")) for s in specs], lam=[float(s.get("lam")) for s in specs])
 
 
 def paired_comparison(a_runs: pd.DataFrame, b_runs: pd.DataFrame, a_name: str, b_name: str,
                       metric: str = "final_accuracy") -> pd.DataFrame:
-    """a vs b per (dataset, gamma), paired by seed: means, mean difference a - b, its standard
-    error, how many seeds a wins, and `verdict`'s sentence. Each of a_runs / b_runs must hold
+    """a vs b per (dataset, gamma), paired by seed: n, the means of a and b (columns named
+    `a_name`, `b_name`) and their stds ("std a", "std b"), the mean difference a − b, its
+    standard error, how many seeds a wins, the paired t-test's two-sided p ("p", NaN below two
+    seeds), the per-seed differences ("differences") and the names ("pair"). No verdict: that
+    needs the whole family of comparisons (`family_verdicts`). Each of a_runs / b_runs must hold
     one label per (dataset, gamma)."""
     cols = ["dataset", "gamma", "seed", metric]
     m = a_runs[cols].merge(b_runs[cols], on=["dataset", "gamma", "seed"], suffixes=("_a", "_b"))
     rows = []
     for (dataset, gamma), grp in m.groupby(["dataset", "gamma"], sort=True):
-        d = grp[f"{metric}_a"] - grp[f"{metric}_b"]
+        grp = grp.sort_values("seed")
+        a, b = grp[f"{metric}_a"], grp[f"{metric}_b"]
+        test = paired_t_test((a - b).tolist())
         rows.append({"dataset": dataset, "gamma": float(gamma), "comparison": f"{a_name} vs {b_name}",
-                     "n": len(grp), a_name: grp[f"{metric}_a"].mean(), b_name: grp[f"{metric}_b"].mean(),
-                     "difference": float(d.mean()),
-                     "s.e.": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan"),
-                     "wins": f"{int((d > 0).sum())}/{len(d)}", "verdict": verdict(d.tolist(), a_name, b_name)})
+                     "n": len(grp), a_name: a.mean(), b_name: b.mean(), "std a": _std(a), "std b": _std(b),
+                     "difference": test["mean"], "s.e.": test["se"], "wins": f"{int((a > b).sum())}/{len(grp)}",
+                     "p": test["p"], "differences": tuple((a - b).tolist()), "pair": (a_name, b_name)})
     return pd.DataFrame(rows)
+
+
+def _word(n: int, mean: float, p_holm: float, higher: str, lower: str, same: str = "no clear difference",
+          alpha: float = ALPHA) -> str:
+    """The verdict a test allows: `higher` / `lower` when the Holm-adjusted p < alpha with at
+    least MIN_SEEDS_FOR_VERDICT seeds, `same` otherwise, "indicative (n = .., no test)" below
+    that many seeds."""
+    if n < MIN_SEEDS_FOR_VERDICT:
+        return f"indicative (n = {n}, no test)"
+    if p_holm == p_holm and p_holm < alpha:
+        return higher if mean > 0 else lower
+    return same
+
+
+def family_verdicts(comparisons: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """`paired_comparison` rows taken as one family: Holm's adjustment of their p-values over the
+    rows with at least MIN_SEEDS_FOR_VERDICT seeds ("p_holm"; NaN for the others, which do not
+    enter the family), "significant" (p_holm < alpha) and the verdict ("a higher than b", "a
+    lower than b", "no clear difference between a and b" or "indicative (n = 2, no test)")."""
+    out = comparisons.reset_index(drop=True).copy()
+    if out.empty:
+        return out.assign(p_holm=[], significant=[], verdict=[])
+    tested = out["n"] >= MIN_SEEDS_FOR_VERDICT
+    out["p_holm"] = holm([p if t else float("nan") for p, t in zip(out["p"], tested)])
+    out["significant"] = out["p_holm"] < alpha
+    out["verdict"] = [_word(n, d, ph, f"{a} higher than {b}", f"{a} lower than {b}",
+                            f"no clear difference between {a} and {b}", alpha)
+                      for n, d, ph, (a, b) in zip(out["n"], out["difference"], out["p_holm"], out["pair"])]
+    return out
 
 
 def coreset_lambda_table(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
     """Fig. 5's grid: mean, std and n of `metric` per (dataset, gamma, |X|, λ)."""
-    specs = method_specs(runs)
-    r = runs.assign(core_size=[int(s.get("core_size")) for s in specs], lam=[float(s.get("lam")) for s in specs])
-    g = r.groupby(["dataset", "gamma", "core_size", "lam"])[metric]
+    g = with_core_lambda(runs).groupby(["dataset", "gamma", "core_size", "lam"])[metric]
     out = g.agg(mean="mean", n="count").reset_index()
     out["std"] = g.agg(_std).values
     return out
 
 
-def fig5_verdicts(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, gamma, |X|): which λ gives the higher mean accuracy, by how much, and what
-    the paper's Fig. 5 text says for that size (λ = 0.5 better for |X| ≤ 30, λ = 0 better for
-    40 ≤ |X| ≤ 80; nothing for other sizes)."""
+def _paper_fig5_sign(k: int) -> int:
+    """The paper's Fig. 5 reading (EMNIST) for core-set size k: +1 if λ = 0.5 is better (|X| ≤ 30),
+    -1 if λ = 0 is (40 ≤ |X| ≤ 80), 0 where it gives no direction (both degrade above 80)."""
+    return 1 if k <= 30 else -1 if 40 <= k <= 80 else 0
+
+
+def coreset_lambda_pairs(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
+    """Fig. 5 as paired comparisons: per (dataset, gamma, |X|), λ = 0.5 vs λ = 0 paired by seed
+    (`paired_comparison`'s columns), with "|X|" and the paper's reading for that size ("paper
+    (EMNIST)")."""
+    r = with_core_lambda(runs)
+    out = []
+    for k in sorted(r["core_size"].unique()):
+        at = r[r["core_size"] == k]
+        cmp = paired_comparison(at[at["lam"] == 0.5], at[at["lam"] == 0.0], "λ=0.5", "λ=0", metric)
+        cmp["comparison"] = f"λ=0.5 vs λ=0, |X|={k}"
+        cmp["|X|"] = int(k)
+        cmp["paper (EMNIST)"] = {1: "λ=0.5 better", -1: "λ=0 better", 0: "both degrade"}[_paper_fig5_sign(int(k))]
+        out.append(cmp)
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def paper_agreement(fig5: pd.DataFrame) -> list[str]:
+    """Per row of `coreset_lambda_pairs` after `family_verdicts`: "agrees with the paper" /
+    "disagrees with the paper" only for a significant difference where the paper gives a
+    direction; otherwise the verdict ("no clear difference ...", "indicative (n = 2, no test)")
+    or "the paper gives no direction"."""
+    out = []
+    for k, d, sig, word in zip(fig5["|X|"], fig5["difference"], fig5["significant"], fig5["verdict"]):
+        sign = _paper_fig5_sign(int(k))
+        if not sig:
+            out.append(word)
+        elif sign == 0:
+            out.append("the paper gives no direction")
+        else:
+            out.append("agrees with the paper" if np.sign(d) == sign else "disagrees with the paper")
+    return out
+
+
+def _mean_std(mean: float, std: float, decimals: int = 3) -> str:
+    if mean != mean:
+        return "—"
+    return f"{mean:.{decimals}f}" + ("" if std != std else f" ± {std:.{decimals}f}")
+
+
+def comparisons_display(family: pd.DataFrame) -> pd.DataFrame:
+    """`family_verdicts` rows for reading: γ, comparison, n, a and b (mean ± std), a − b (mean ±
+    std of the paired differences), seeds a wins, the Holm-adjusted p and the verdict; three
+    decimals, "—" where there is no number. Hide the index when showing it."""
     rows = []
-    for (dataset, gamma, k), grp in table.groupby(["dataset", "gamma", "core_size"], sort=True):
-        by = grp.set_index("lam")["mean"]
-        if not {0.0, 0.5} <= set(by.index):
-            continue
-        diff = float(by[0.5] - by[0.0])
-        better = "λ=0.5" if diff > 0 else "λ=0" if diff < 0 else "tie"
-        paper = "λ=0.5" if k <= 30 else "λ=0" if 40 <= k <= 80 else "both degrade (|X| > 80)"
-        agrees = None if k > 80 or better == "tie" else better == paper
-        rows.append({"dataset": dataset, "gamma": float(gamma), "|X|": int(k), "λ=0": float(by[0.0]),
-                     "λ=0.5": float(by[0.5]), "λ=0.5 − λ=0": diff, "better here": better,
-                     "paper (EMNIST)": paper, "agrees": agrees, "n": int(grp["n"].min())})
+    for _, r in family.iterrows():
+        a, b = r["pair"]
+        d = np.asarray(r["differences"], dtype=float)
+        rows.append({"γ": f"{r['gamma']:g}", "comparison (a vs b)": r["comparison"], "n": int(r["n"]),
+                     "a": _mean_std(r[a], r["std a"]), "b": _mean_std(r[b], r["std b"]),
+                     "a − b": _mean_std(float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else float("nan")),
+                     "a wins": r["wins"], "p (Holm)": "—" if r["p_holm"] != r["p_holm"] else f"{r['p_holm']:.3f}",
+                     "verdict": r["verdict"]})
     return pd.DataFrame(rows)
+
+
+def describe_verdicts(family: pd.DataFrame) -> str:
+    """Markdown, one line per `family_verdicts` row: γ, the comparison, the mean paired difference
+    a − b, the seeds, the Holm-adjusted p where there is a test, and the verdict."""
+    lines = []
+    for _, r in family.iterrows():
+        n = int(r["n"])
+        test = (f"{n} seeds, paired t-test, Holm-adjusted p = {r['p_holm']:.3f}" if r["p_holm"] == r["p_holm"]
+                else f"mean over {n} seed{'s' if n != 1 else ''}")
+        lines.append(f"- γ = {r['gamma']:g}, {r['comparison']}: a − b = {r['difference']:+.3f} ({test}): {r['verdict']}.")
+    return "\n".join(lines)
 
 
 def t_two_sided_p(t: float, df: int) -> float:
@@ -197,17 +274,9 @@ def tested_verdicts(diffs_by_comparison: Sequence[Sequence[float]], a: str = "Fe
     """One family of paired comparisons (each a list of per-seed differences a - b): paired
     t-test, Holm-adjusted p over the family, and the verdict it allows: "a higher" / "a lower"
     when the adjusted p < alpha with at least MIN_SEEDS_FOR_VERDICT seeds, "no clear difference"
-    otherwise, "indicative (n < 5)" below that many seeds (those do not enter the family)."""
+    otherwise, "indicative (n = 2, no test)" below that many seeds (those do not enter the family)."""
     tests = [paired_t_test(d) for d in diffs_by_comparison]
-    eligible = [t["p"] if t["n"] >= MIN_SEEDS_FOR_VERDICT else float("nan") for t in tests]
-    adjusted = holm(eligible)
-    rows = []
-    for t, adj in zip(tests, adjusted):
-        if t["n"] < MIN_SEEDS_FOR_VERDICT:
-            word = f"indicative (n < {MIN_SEEDS_FOR_VERDICT})"
-        elif adj == adj and adj < alpha:
-            word = f"{a} higher" if t["mean"] > 0 else f"{a} lower"
-        else:
-            word = "no clear difference"
-        rows.append({**t, "p_holm": adj, "verdict": word})
-    return pd.DataFrame(rows)
+    adjusted = holm([t["p"] if t["n"] >= MIN_SEEDS_FOR_VERDICT else float("nan") for t in tests])
+    return pd.DataFrame([{**t, "p_holm": adj, "verdict": _word(t["n"], t["mean"], adj, f"{a} higher", f"{a} lower",
+                                                                alpha=alpha)}
+                         for t, adj in zip(tests, adjusted)])

@@ -26,9 +26,11 @@ from .methods import BASELINES, FEDSTEER_ROLES, ROLE_NAMES, ROLES, by_role, meth
 from .paper import DATASET_NAMES, HEADLINE_FEDSTEER, NUM_CLASSES, PAPER, paper_value_for, plain
 from .stats import format_pct, summarize
 
-__all__ = ["FEDSTALE_NOTE", "table1", "table1_display", "metric_table", "gains", "gains_display", "fedstale_table",
+__all__ = ["FEDSTALE_NOTE", "SHORT_DATASET_NAMES", "NBSP", "table1", "table1_display", "metric_table", "gains", "gains_display", "fedstale_table",
            "subsample_table", "compare_with_paper", "compare_display", "choices_table", "model_table"]
 
+NBSP = "\u00a0"  # keeps a number and its unit ('%', 'pp') on one line in a narrow column
+SHORT_DATASET_NAMES = {"fmnist": "F-MNIST", "emnist": "EMNIST", "cifar10": "CIFAR-10"}
 FEDSTALE_NOTE = "β chosen by test accuracy (the paper's protocol; favours FedStale)"
 
 
@@ -56,9 +58,12 @@ def table1(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
                 raise ValueError(f"several run labels for role {r!r} at {dataset}, γ={gamma}: {list(cand['label'])}")
             paper = paper_value_for(dataset, gamma, "final_accuracy", r)
             beta = float(spec_of[best["label"]].get("beta")) if r == "fedstale" else np.nan
+            own = runs[(runs["dataset"] == dataset) & np.isclose(runs["gamma"], gamma) & (runs["label"] == best["label"])]
+            kept = own.loc[~own["collapsed"].astype(bool), metric] if "collapsed" in own else own[metric]
             rows.append({"dataset": dataset, "gamma": float(gamma), "role": r, "method": ROLE_NAMES[r],
                          "label": best["label"], "beta": beta, "mean": float(best["mean"]), "std": float(best["std"]),
                          "n": int(best["n"]), "collapsed": int(best["collapsed"]),
+                         "mean_not_collapsed": float(kept.mean()) if len(kept) else np.nan,
                          "paper": paper, "diff": float(best["mean"]) - paper if paper == paper else np.nan,
                          "selected_by_test": r == "fedstale" and len(cand) > 1,
                          "candidates": len(cand),
@@ -73,24 +78,26 @@ def _fmt(mean: float, std: float, n: int) -> str:
 
 
 def table1_display(t1: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 as strings: rows = methods, columns = (γ, ours / paper / ours − paper / note); the
-    note names FedStale's β and that it was chosen by test accuracy."""
+    """Table 1 for the page: one row per method, two columns per γ (ours: mean ± std over the
+    seeds; the paper's number where its text quotes one). A cell with collapsed runs says how
+    many of its n collapsed (they count at the accuracy of the model they end with) and the mean
+    of the others; FedStale's cell names its β (chosen by test accuracy, `FEDSTALE_NOTE`)."""
     if t1.empty:
         return pd.DataFrame()
-    pieces = {}
+    out = pd.DataFrame({"method": [ROLE_NAMES[r] for r in ROLES if ROLE_NAMES[r] in set(t1["method"])]})
     for gamma, grp in t1.groupby("gamma", sort=True):
         grp = grp.set_index("method")
-        ours = [_fmt(m, s, n) for m, s, n in zip(grp["mean"], grp["std"], grp["n"])]
-        pieces[(f"γ={gamma:g}", "ours (mean ± std)")] = pd.Series(ours, index=grp.index)
-        pieces[(f"γ={gamma:g}", "paper")] = grp["paper"].map(lambda v: f"{v:.3f}" if v == v else "—")
-        pieces[(f"γ={gamma:g}", "ours − paper")] = grp["diff"].map(lambda v: f"{v:+.3f}" if v == v else "—")
-        betas = grp["beta"].where(grp["role"] == "fedstale")
-        pieces[(f"γ={gamma:g}", "note")] = betas.map(lambda v: f"β={v:g}, chosen by test accuracy" if v == v else "")
-    out = pd.DataFrame(pieces)
-    order = [ROLE_NAMES[r] for r in ROLES if ROLE_NAMES[r] in out.index]
-    out = out.loc[order]
-    out.columns = pd.MultiIndex.from_tuples(out.columns)
-    out.index.name = "method"
+        cells = {}
+        for name, r in grp.iterrows():
+            text = _fmt(r["mean"], r["std"], r["n"])
+            if r["role"] == "fedstale" and r["beta"] == r["beta"]:
+                text += f", β={r['beta']:g}"
+            if r["collapsed"]:
+                others = "" if r["mean_not_collapsed"] != r["mean_not_collapsed"] else f"; the others {r['mean_not_collapsed']:.3f}"
+                text += f" ({r['collapsed']} of {r['n']} collapsed{others})"
+            cells[name] = text
+        out[f"γ={gamma:g}: ours"] = out["method"].map(cells).fillna("—")
+        out[f"γ={gamma:g}: paper"] = out["method"].map(grp["paper"].map(lambda v: f"{v:.3f}" if v == v else "—")).fillna("—")
     return out
 
 
@@ -196,11 +203,12 @@ def compare_with_paper(t1: pd.DataFrame, gains_table: pd.DataFrame | None = None
     g = gains_table if gains_table is not None else (gains(t1) if not t1.empty else pd.DataFrame())
     rows = []
     for p in PAPER:
-        ours, setting = float("nan"), ""
+        ours, setting, n, collapsed = float("nan"), "", np.nan, np.nan
         if p.quantity == "final_accuracy":
             hit = t1[(t1["dataset"] == p.dataset) & np.isclose(t1["gamma"], p.gamma) & (t1["role"] == p.role)] if have else t1
             if not hit.empty:
                 ours, setting = float(hit["mean"].iloc[0]), f"n={int(hit['n'].iloc[0])}"
+                n, collapsed = int(hit["n"].iloc[0]), int(hit["collapsed"].iloc[0])
         elif p.quantity in ("gain_vs_fedavg", "gain_vs_best_baseline"):
             hit = g[(g["dataset"] == p.dataset) & np.isclose(g["gamma"], p.gamma) & (g["role"] == p.role)] if not g.empty else g
             if not hit.empty:
@@ -230,25 +238,46 @@ def compare_with_paper(t1: pd.DataFrame, gains_table: pd.DataFrame | None = None
         rows.append({"key": p.key, "data set": p.dataset or "all", "γ": p.gamma if p.gamma is not None else np.nan,
                      "quantity": p.quantity, "method": ROLE_NAMES.get(p.role, "—") if p.role else "—",
                      "paper": p.value, "ours": ours, "ours − paper": ours - p.value if ours == ours else np.nan,
-                     "our setting": setting, "status": status, "section": p.section, "sentence": plain(p.quote)})
+                     "our setting": setting, "status": status, "section": p.section, "sentence": plain(p.quote),
+                     "n": n, "collapsed": collapsed})
     return pd.DataFrame(rows)
 
 
+_QUANTITY = {"final_accuracy": "accuracy", "gain_vs_fedavg": "gain vs FedAvg", "gain_vs_best_baseline":
+             "gain vs best baseline", "min_gain_vs_best_baseline": "min gain vs best", "subsample_drop":
+             "subsampling drop", "memory_reduction": "memory reduction"}
+
+
+def _quoted(v: float, quantity: str, diff: bool = False) -> str:
+    """One number of `compare_with_paper` for reading: accuracies to 3 decimals, gains and drops
+    as percentages (differences in percentage points), the memory ratio with a '×'."""
+    if v != v:
+        return "—"
+    if "gain" in quantity or "drop" in quantity:
+        return f"{100 * v:+.1f} pp" if diff else format_pct(v, signed="gain" in quantity)
+    if quantity == "memory_reduction":
+        return f"{v:+.1f}×" if diff else f"{v:.1f}×"
+    return f"{v:+.3f}" if diff else f"{v:.3f}"
+
+
 def compare_display(compare: pd.DataFrame) -> pd.DataFrame:
-    """`compare_with_paper` for reading: accuracies to 3 decimals, gains and drops as percentages
-    (their differences in percentage points, pp), the memory ratio with a '×'."""
-    out = compare[["data set", "γ", "quantity", "method", "paper", "ours", "ours − paper", "our setting", "status"]].copy()
-    for col in ("paper", "ours", "ours − paper"):
-        out[col] = [
-            "—" if v != v else
-            (f"{100 * v:+.1f} pp" if ("gain" in q or "drop" in q) and col == "ours − paper" else
-             format_pct(v, signed=False) if ("gain" in q or "drop" in q) else
-             f"{v:+.1f}×" if q == "memory_reduction" and col == "ours − paper" else
-             f"{v:.1f}×" if q == "memory_reduction" else
-             f"{v:+.3f}" if col == "ours − paper" else f"{v:.3f}")
-            for v, q in zip(compare[col], compare["quantity"])]
-    out["γ"] = out["γ"].map(lambda v: "—" if v != v else f"{v:g}")
-    return out
+    """`compare_with_paper` for reading, one short row per quoted number (no index): its number
+    (the footnote's, `prose.describe_quoted_sources`), what it is, the setting, the paper's
+    value, ours ("not run" where the data set is not run here; with n and the collapsed runs for
+    accuracies) and ours − paper; a number never split from its '%' or 'pp' (`NBSP`)."""
+    rows = []
+    for k, (_, r) in enumerate(compare.iterrows(), start=1):
+        what = _QUANTITY.get(r["quantity"], r["quantity"])
+        what = f"{r['method']} {what}" if r["quantity"] == "final_accuracy" else what
+        where = SHORT_DATASET_NAMES.get(r["data set"], r["data set"]) + (f", γ={r['γ']:g}" if r["γ"] == r["γ"] else "")
+        ours = _quoted(r["ours"], r["quantity"])
+        if r["status"].startswith("not run here"):
+            ours = "not run"
+        elif r.get("n") == r.get("n") and r.get("n") is not None:
+            ours += f" (n={int(r['n'])}" + (f", {int(r['collapsed'])} collapsed)" if r["collapsed"] else ")")
+        rows.append({"#": str(k), "number": what, "setting": where, "paper": _quoted(r["paper"], r["quantity"]),
+                     "ours": ours, "ours − paper": _quoted(r["ours − paper"], r["quantity"], diff=True)})
+    return pd.DataFrame(rows).apply(lambda col: col.str.replace(" %", NBSP + "%").str.replace(" pp", NBSP + "pp"))
 
 
 def choices_table() -> pd.DataFrame:

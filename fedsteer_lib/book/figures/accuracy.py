@@ -1,160 +1,208 @@
 """Figures of accuracy: curves over the rounds (Fig. 4, Fig. 6/7), Table 1 as bars next to the
-paper's numbers, and Fig. 5 (core-set size x lambda), from `Book.curves` and the tables of
-`fedsteer_lib.book.tables` / `stats`. Each returns the matplotlib Figure it drew (titles, labelled
-axes and legends included), except `plot_curves`, which draws on the axes it is given; call
-`plt.show()` after it.
+paper's numbers, and Fig. 5 (core-set size x lambda, every seed a dot), from `Book.curves` and the
+tables of `fedsteer_lib.book.tables` / `stats`. Each returns the matplotlib Figure it drew, sized
+for the book's column (`style.COLUMN_WIDTH` wide, every text at least `style.MIN_FONT`).
+
+In the curves and bars, FedSteer, FedAvg and the best baseline of each gamma (Table 1's best
+mean among `methods.BASELINES`) are in colour, the other methods thin and grey, full
+participation dashed. Each panel has its own legend, named from that panel's Table 1 rows
+(FedStale with its own beta). A curve is drawn at the regular evaluation cadence only (rounds
+that are multiples of `eval_every`, plus the final round). A run that collapses (its last history
+row has `collapsed` True, scored on the diverged model) keeps that score for the rounds it did
+not run, as in Table 1; an x marks the mean collapse round and the legend says how many seeds
+collapsed.
 
 Used by chapters 6 and 7.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-from ..methods import clean_labels, display_name, method_order, palette
+from ..methods import BASELINES
+from .style import column_figure, fit_to_column
 
-__all__ = ["plot_curves", "plot_accuracy_by_gamma", "plot_convergence", "plot_table1_bars", "plot_coreset_lambda"]
+__all__ = ["role_highlight_colours", "role_legend_names", "cadence_curve", "plot_accuracy_by_gamma", "plot_convergence",
+           "plot_table1_bars", "plot_coreset_lambda"]
 
-
-def _clean_lookup(curves: pd.DataFrame) -> dict[str, str]:
-    """Each run label of `curves` -> its label for reading (`methods.clean_label`, from the
-    method columns)."""
-    first = curves.drop_duplicates("label")
-    return dict(zip(first["label"], clean_labels(first)))
+_MUTED = "#a3a3a3"
+_COLOURS = {"fedsteer": "#D55E00", "fedavg": "#0072B2", "best": "#009E73"}
 
 
-def _clean(curves: pd.DataFrame, lookup: dict[str, str]) -> pd.DataFrame:
-    out = curves.copy()
-    out["label"] = out["label"].map(lookup)
+def role_highlight_colours(t1_gamma: pd.DataFrame) -> dict[str, str]:
+    """Role -> colour for the roles drawn in colour at one gamma (`t1_gamma`: Table 1's rows of
+    that gamma): FedSteer, FedAvg and the best baseline (best mean among `BASELINES`)."""
+    out = {r: c for r, c in _COLOURS.items() if r in set(t1_gamma["role"])}
+    base = t1_gamma[t1_gamma["role"].isin(BASELINES) & t1_gamma["mean"].notna()]
+    if not base.empty:
+        best = base.loc[base["mean"].idxmax(), "role"]
+        out.setdefault(best, _COLOURS["best"])
     return out
 
 
-def plot_curves(history: pd.DataFrame, ax: plt.Axes | None = None, *, metric: str = "accuracy",
-                labels=None, title: str | None = None) -> plt.Axes:
-    """Mean (line) and +-1 std over seeds (band) of `metric` per method label, vs round.
-
-    `history` is `Book.curves(...)`'s table: columns round, label, seed, metric.
-    """
-    ax = ax or plt.gca()
-    data = history.dropna(subset=[metric])
-    labels = method_order(labels or data["label"].unique())
-    colours = palette(labels)
-    for label in labels:
-        g = data[data["label"] == label].groupby("round")[metric]
-        mean, std = g.mean(), g.std().fillna(0.0)
-        ax.plot(mean.index, mean.values, label=display_name(label), color=colours[label], lw=1.6)
-        ax.fill_between(mean.index, mean - std, mean + std, color=colours[label], alpha=0.15, lw=0)
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric)
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize=8, ncol=2)
-    return ax
+def role_legend_names(t1_gamma: pd.DataFrame) -> dict[str, str]:
+    """Role -> its name in a panel's legend: Table 1's name, FedStale with the beta of that
+    gamma, the best baseline marked as such."""
+    colours = role_highlight_colours(t1_gamma)
+    out = {}
+    for _, row in t1_gamma.iterrows():
+        name = f"FedStale (β={row['beta']:g})" if row["role"] == "fedstale" else row["method"]
+        if row["role"] in colours and row["role"] not in ("fedsteer", "fedavg"):
+            name += ", best baseline"
+        out[row["role"]] = name
+    return out
 
 
-def _shared_legend(fig: plt.Figure, axes) -> None:
-    """One legend under the panels instead of one inside each."""
-    handles, labels = axes[0].get_legend_handles_labels()
-    for ax in axes:
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8, frameon=False)
+def cadence_curve(history: pd.DataFrame, metric: str, eval_every: int) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Mean and std over seeds of `metric` at the regular cadence (rounds that are multiples of
+    `eval_every`, plus the final round `rounds`), and each collapsed seed's collapse round.
+    `history` holds one run label at one gamma (`Book.curves` rows). A collapsed seed keeps its
+    collapse row's value (its diverged model) for every later round, so the mean counts it as
+    Table 1 does (a non-finite loss stays missing, and the mean loss stops there)."""
+    final = int(history["rounds"].max())
+    flags = history["collapsed"] if "collapsed" in history else pd.Series(False, index=history.index)
+    collapsed = flags.fillna(False).astype(bool)
+    stops = history[collapsed].set_index("seed")
+    keep = (history["round"] % eval_every == 0) | (history["round"] == final)
+    grid = history[keep & ~collapsed].pivot_table(index="round", columns="seed", values=metric, aggfunc="first",
+                                                  dropna=False)
+    rounds = sorted(set(range(eval_every, final + 1, eval_every)) | {final} | set(grid.index))
+    grid = grid.reindex(index=rounds, columns=sorted(history["seed"].unique()))
+    for seed, row in stops.iterrows():
+        grid.loc[grid.index >= row["round"], seed] = row[metric]
+    grid = grid.replace([np.inf, -np.inf], np.nan)
+    mean = grid.mean(axis=1, skipna=False)
+    return mean, grid.std(axis=1, skipna=False).fillna(0.0), stops["round"]
 
 
-def _labels_at(t1: pd.DataFrame | None, gamma: float, curves: pd.DataFrame) -> list[str]:
-    """Table 1's run labels at gamma (one FedStale β), else every label of the curves at gamma."""
-    if t1 is not None and not t1.empty:
-        return list(t1.loc[np.isclose(t1["gamma"], gamma), "label"])
-    return list(curves.loc[np.isclose(curves["gamma"], gamma), "label"].unique())
+def _draw_panel(ax: plt.Axes, curves: pd.DataFrame, t1_gamma: pd.DataFrame, metric: str, eval_every: int,
+                bottom: bool) -> None:
+    """One panel: every Table 1 row of one gamma as a curve (colours per `role_highlight_colours`),
+    with its collapse marks and its own legend under it (below the x axis' label if `bottom`)."""
+    colours, names = role_highlight_colours(t1_gamma), role_legend_names(t1_gamma)
+    handles, marks = [], []
+    grey = False
+    for _, row in t1_gamma.iterrows():
+        hist = curves[curves["label"] == row["label"]]
+        if hist.empty:
+            continue
+        mean, std, stops = cadence_curve(hist, metric, eval_every)
+        role, colour = row["role"], colours.get(row["role"])
+        style = dict(color="black", lw=1.1, ls="--") if role == "full" else (
+            dict(color=colour, lw=2.0, zorder=4) if colour else dict(color=_MUTED, lw=0.9, zorder=2))
+        line, = ax.plot(mean.index, mean.values, label=names[role], **style)
+        if colour:
+            ax.fill_between(mean.index, mean - std, mean + std, color=colour, alpha=0.15, lw=0)
+        if role == "full" or colour:
+            handles.append(line)
+        else:
+            grey = True
+        if len(stops):
+            finite = mean.dropna()
+            x = float(stops.mean())
+            y = float(np.interp(x, finite.index, finite.values)) if len(finite) else np.nan
+            ax.plot([x], [y], marker="x", ms=9, mew=2.2, color="black", ls="", zorder=5)
+            marks.append(Line2D([], [], marker="x", ms=7, mew=2, ls="", color="black",
+                                label=f"{names[role]}: collapsed ({len(stops)} of {hist['seed'].nunique()} seeds)"))
+    if grey:
+        handles.append(Line2D([], [], color=_MUTED, lw=0.9, label="other methods"))
+    ax.legend(handles=handles + marks, loc="upper center", bbox_to_anchor=(0.5, -0.24 if bottom else -0.06), ncol=2,
+              frameon=False, columnspacing=1.0, handlelength=1.6)
 
 
-def plot_accuracy_by_gamma(curves: pd.DataFrame, t1: pd.DataFrame | None = None, *, dataset_name: str = "",
+def plot_accuracy_by_gamma(curves: pd.DataFrame, t1: pd.DataFrame, *, eval_every: int,
                            metric: str = "accuracy") -> plt.Figure:
-    """Fig. 4: test accuracy vs round, one panel per gamma, mean ± std over seeds. With `t1`
-    (`tables.table1`) only Table 1's rows are drawn (FedStale at its best β)."""
-    gammas = sorted(curves["gamma"].unique())
-    fig, axes = plt.subplots(1, len(gammas), figsize=(max(7.0, 6.2 * len(gammas)), 5.0), squeeze=False, sharey=True)
-    for ax, gamma in zip(axes[0], gammas):
-        sub = curves[np.isclose(curves["gamma"], gamma)]
-        seeds = sub["seed"].nunique()
-        lookup = _clean_lookup(sub)
-        plot_curves(_clean(sub, lookup), ax, metric=metric, labels=[lookup[l] for l in _labels_at(t1, gamma, sub)],
-                    title=f"{dataset_name} γ={gamma:g} ({seeds} seed{'s' if seeds != 1 else ''})".strip())
-        ax.set_ylabel(f"test {metric}")
-    _shared_legend(fig, axes[0])
-    fig.suptitle("Fig. 4 — test accuracy during training (mean ± std over seeds)")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    return fig
-
-
-def plot_convergence(curves: pd.DataFrame, gamma: float, labels: Sequence[str] | None = None, *,
-                     dataset_name: str = "", figure: str = "Fig. 6/7") -> plt.Figure:
-    """Fig. 6/7: convergence at one gamma of every method (full participation included):
-    test accuracy and test loss vs round, mean ± std over seeds."""
-    sub = curves[np.isclose(curves["gamma"], gamma)]
-    labels = list(labels) if labels is not None else list(sub["label"].unique())
-    fig, axes = plt.subplots(1, 2, figsize=(12.4, 5.0))
-    lookup = _clean_lookup(sub)
-    clean, shown = _clean(sub, lookup), [lookup[l] for l in labels]
-    plot_curves(clean, axes[0], metric="accuracy", labels=shown, title="test accuracy")
-    plot_curves(clean, axes[1], metric="loss", labels=shown, title="test loss")
-    axes[0].set_ylabel("test accuracy")
-    axes[1].set_ylabel("test loss (cross-entropy)")
-    finite = sub.loc[sub["label"].isin(labels), "loss"].replace([np.inf, -np.inf], np.nan).dropna()
-    if not finite.empty:
-        axes[1].set_ylim(0, min(float(finite.quantile(0.98)) * 1.1, float(finite.max()) * 1.05))
-    _shared_legend(fig, axes)
-    fig.suptitle(f"{figure} — {dataset_name} convergence at γ={gamma:g}".replace("  ", " "))
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    return fig
-
-
-def plot_table1_bars(t1: pd.DataFrame, *, dataset_name: str = "") -> plt.Figure:
-    """Table 1 as bars: mean final accuracy ± std per method and gamma; the paper's quoted
-    numbers as black diamonds where its text gives one."""
+    """Fig. 4: test `metric` vs round of Table 1's rows (FedStale at its best beta), one panel
+    per gamma, mean over seeds (± std as a band for the coloured methods)."""
     gammas = sorted(t1["gamma"].unique())
-    fig, axes = plt.subplots(1, len(gammas), figsize=(5.6 * len(gammas), 4.4), squeeze=False, sharex=True)
-    for ax, gamma in zip(axes[0], gammas):
+    fig, axes = column_figure(len(gammas), 1, height=3.6 * len(gammas), sharex=True)
+    for ax, gamma in zip(axes[:, 0], gammas):
+        sub = curves[np.isclose(curves["gamma"], gamma)]
+        _draw_panel(ax, sub, t1[np.isclose(t1["gamma"], gamma)], metric, eval_every, gamma == gammas[-1])
+        seeds = sub["seed"].nunique()
+        ax.set_title(f"γ = {gamma:g} ({seeds} seed{'s' if seeds != 1 else ''})")
+        ax.set_ylabel(f"test {metric}")
+    axes[-1, 0].set_xlabel("round")
+    return fit_to_column(fig)
+
+
+def plot_convergence(curves: pd.DataFrame, t1: pd.DataFrame, gamma: float, *, eval_every: int) -> plt.Figure:
+    """Fig. 6/7: convergence at one gamma of Table 1's rows (full participation included):
+    test accuracy (top) and test loss (bottom) vs round, mean over seeds."""
+    sub = curves[np.isclose(curves["gamma"], gamma)]
+    rows = t1[np.isclose(t1["gamma"], gamma)]
+    fig, axes = column_figure(2, 1, height=7.2, sharex=True)
+    for ax, metric, name in zip(axes[:, 0], ("accuracy", "loss"), ("test accuracy", "test loss (cross-entropy)")):
+        _draw_panel(ax, sub, rows, metric, eval_every, metric == "loss")
+        ax.set_ylabel(name)
+        ax.set_title(f"{name} at γ = {gamma:g}")
+    finite = sub.loc[sub["label"].isin(rows["label"]), "loss"].replace([np.inf, -np.inf], np.nan).dropna()
+    if not finite.empty:
+        axes[1, 0].set_ylim(0, min(float(finite.quantile(0.98)) * 1.1, float(finite.max()) * 1.05))
+    axes[-1, 0].set_xlabel("round")
+    return fit_to_column(fig)
+
+
+def plot_table1_bars(t1: pd.DataFrame, runs: pd.DataFrame, *, metric: str = "final_accuracy") -> plt.Figure:
+    """Table 1 as bars, one panel per gamma: mean final accuracy per method (FedStale at its
+    best beta, named), every seed's run as a dot, the paper's quoted number as a black diamond
+    where its text gives one; a method with collapsed runs says how many."""
+    gammas = sorted(t1["gamma"].unique())
+    fig, axes = column_figure(len(gammas), 1, height=2.9 * len(gammas) + 0.4, sharex=True)
+    for ax, gamma in zip(axes[:, 0], gammas):
         sub = t1[np.isclose(t1["gamma"], gamma)].iloc[::-1]
-        colours = palette(sub["label"])
+        colours, names = role_highlight_colours(sub), role_legend_names(sub)
         y = np.arange(len(sub))
-        ax.barh(y, sub["mean"], xerr=sub["std"].fillna(0.0), color=[colours[l] for l in sub["label"]],
-                alpha=0.85, label="ours (mean ± std)")
-        has_paper = sub["paper"].notna()
-        if has_paper.any():
-            ax.scatter(sub.loc[has_paper, "paper"], y[has_paper.values], marker="D", color="black", zorder=3,
-                       label="paper (quoted in the text)")
-        ax.set_yticks(y, sub["method"])
-        ax.set_xlabel("final test accuracy")
+        ax.barh(y, sub["mean"], color=[colours.get(r, _MUTED) for r in sub["role"]], alpha=0.85, height=0.7)
+        at = runs[np.isclose(runs["gamma"], gamma)]
+        for yi, label in zip(y, sub["label"]):
+            vals = at.loc[at["label"] == label, metric].dropna()
+            ax.scatter(vals, np.full(len(vals), yi), s=10, color="black", alpha=0.7, edgecolor="none", zorder=3)
+        known = sub["paper"].notna().values
+        ax.scatter(sub.loc[known, "paper"], y[known], marker="D", s=28, color="white", edgecolor="black", zorder=4)
+        ticks = [names[r] + (f" ({c} of {n} collapsed)" if c else "")
+                 for r, c, n in zip(sub["role"], sub["collapsed"], sub["n"])]
+        ax.set_yticks(y, ticks)
+        ax.grid(axis="y", visible=False)
         ax.set_xlim(0, 1)
-        ax.set_title(f"{dataset_name} γ={gamma:g}".strip())
-        ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle("Table 1 — final accuracy per method")
-    fig.tight_layout()
-    return fig
+        ax.set_title(f"γ = {gamma:g}")
+    axes[-1, 0].set_xlabel("final test accuracy")
+    key = [Patch(color=_MUTED, label="mean over seeds"),
+           Line2D([], [], marker="o", ls="", color="black", alpha=0.7, ms=4, label="one seed"),
+           Line2D([], [], marker="D", ls="", color="white", markeredgecolor="black", ms=5, label="paper (quoted)")]
+    fig.legend(handles=key, loc="outside lower center", ncol=3, frameon=False)
+    return fit_to_column(fig)
 
 
-def plot_coreset_lambda(table: pd.DataFrame, *, dataset_name: str = "") -> plt.Figure:
-    """Fig. 5: final accuracy vs core-set size |X| for λ = 0 and λ = 0.5 (enforce=5), mean ±
-    std over seeds, one panel per gamma."""
-    gammas = sorted(table["gamma"].unique())
-    fig, axes = plt.subplots(1, len(gammas), figsize=(5.6 * len(gammas), 4.0), squeeze=False, sharey=True)
+def plot_coreset_lambda(runs: pd.DataFrame, *, metric: str = "final_accuracy") -> plt.Figure:
+    """Fig. 5: final accuracy vs core-set size |X| for λ = 0 and λ = 0.5 (enforce=5), one panel
+    per gamma (largest first): the mean over seeds as a line, every seed as a dot. `runs` is
+    `stats.with_core_lambda`'s table (one row per run, with core_size and lam). Sized for the
+    book's column (6.4 in wide, text of at least 9 pt)."""
+    gammas = sorted(runs["gamma"].unique(), reverse=True)
+    fig, axes = plt.subplots(1, len(gammas), figsize=(6.4, 3.5), squeeze=False, sharey=True)
     for ax, gamma in zip(axes[0], gammas):
-        sub = table[np.isclose(table["gamma"], gamma)]
-        for lam, grp in sub.groupby("lam"):
-            grp = grp.sort_values("core_size")
-            ax.errorbar(grp["core_size"], grp["mean"], yerr=grp["std"].fillna(0.0), marker="o", capsize=3,
-                        label=f"λ={lam:g}")
+        sub = runs[np.isclose(runs["gamma"], gamma)]
+        sizes = sorted(sub["core_size"].unique())
+        for i, (lam, grp) in enumerate(sub.groupby("lam")):
+            shift = 0.94 if i == 0 else 1.06  # the two λ side by side on the log axis
+            mean = grp.groupby("core_size")[metric].mean()
+            line, = ax.plot(mean.index * shift, mean.values, marker="o", lw=1.5, label=f"λ = {lam:g} (mean)")
+            ax.scatter(grp["core_size"] * shift, grp[metric], s=14, color=line.get_color(), alpha=0.6,
+                       edgecolor="none", zorder=3)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(sub["core_size"].unique()), [str(k) for k in sorted(sub["core_size"].unique())])
-        ax.set_xlabel("core-set size |X|")
-        ax.set_ylabel("final test accuracy")
-        n = int(sub["n"].min()) if not sub.empty else 0
-        ax.set_title(f"{dataset_name} γ={gamma:g} ({n} seed{'s' if n != 1 else ''})".strip())
-        ax.legend(title="ridge λ", fontsize=8)
-    fig.suptitle("Fig. 5 — core-set size × regularisation (FedSteer, enforce=5)")
-    fig.tight_layout()
+        ax.set_xticks(sizes, [str(k) for k in sizes], fontsize=9)
+        ax.minorticks_off()
+        ax.tick_params(axis="y", labelsize=9)
+        ax.set_xlabel("core-set size |X|", fontsize=10)
+        n = int(sub.groupby(["core_size", "lam"])["seed"].nunique().min()) if not sub.empty else 0
+        ax.set_title(f"γ = {gamma:g} ({n} seed{'s' if n != 1 else ''} per point)", fontsize=10)
+    axes[0, 0].set_ylabel("final test accuracy", fontsize=10)
+    dot = Line2D([], [], marker="o", ls="", color="grey", alpha=0.6, markersize=4, label="one seed's run")
+    fig.legend(handles=axes[0, 0].get_legend_handles_labels()[0] + [dot], fontsize=9, loc="lower center", ncol=3,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     return fig

@@ -27,7 +27,7 @@ def plot_effective_weights(table: pd.DataFrame, ax: plt.Axes | None = None) -> p
     ax.set_xlabel("client group")
     ax.set_ylabel("total weight of the group's updates")
     ax.set_title("Weight each group gets in expectation")
-    ax.legend(fontsize=8)
+    ax.legend()
     return ax
 
 
@@ -38,10 +38,10 @@ def plot_error_distribution(errors: Mapping[str, np.ndarray], target_norm: float
     bins = np.linspace(0, np.quantile(allv, 0.995), 60)
     for j, (label, v) in enumerate(errors.items()):
         ax.hist(np.asarray(v) / target_norm, bins=bins, histtype="step", lw=1.8, density=True, color=_cb[j], label=label)
-    ax.set_xlabel("relative error of the aggregate  ||Δ − Σ d_i g_i|| / ||Σ d_i g_i||")
-    ax.set_ylabel("density over participation draws")
-    ax.set_title("How far one round's aggregate is from the full-participation update")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("relative error  ‖Δ − Σ d_i g_i‖ / ‖Σ d_i g_i‖")
+    ax.set_ylabel("density over draws")
+    ax.set_title("Distance of one round's aggregate from full participation")
+    ax.legend()
     return ax
 
 
@@ -56,7 +56,7 @@ def plot_variance_shares(table: pd.DataFrame, ax: plt.Axes | None = None, value:
         ax.bar(order, table.set_index("group").loc[order, value], color=[GROUP_COLOURS[g] for g in order])
     else:
         sns.barplot(data=table, x="group", y=value, hue=hue, order=order, ax=ax)
-        ax.legend(fontsize=8)
+        ax.legend()
     ax.set_xlabel("client group")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -74,10 +74,10 @@ def plot_variance_comparison(table: pd.DataFrame, ax: plt.Axes | None = None) ->
     ok = ~np.isnan(mc)
     ax.errorbar(x[ok], mc[ok], yerr=2 * table["mc_variance_se"].to_numpy(dtype=float)[ok], fmt="o", color="black",
                 capsize=4, label="Monte Carlo ± 2 SE")
-    ax.set_xticks(x, table["estimator"], rotation=20, ha="right", fontsize=8)
+    ax.set_xticks(x, table["estimator"], rotation=20, ha="right")
     ax.set_ylabel("E‖Δ − E[Δ]‖²")
     ax.set_title("Variance of one round's aggregate")
-    ax.legend(fontsize=8)
+    ax.legend()
     return ax
 
 
@@ -91,10 +91,10 @@ def plot_bias(table: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
     ax.scatter(x, 4 * table["relative_noise"], marker="_", s=900, color="black", zorder=3,
                label="4 × Monte-Carlo noise level")
     ax.set_yscale("log")
-    ax.set_xticks(x, table["estimator"], fontsize=9)
+    ax.set_xticks(x, table["estimator"])
     ax.set_ylabel("‖mean(Δ) − Σ d_i g_i‖ / ‖Σ d_i g_i‖")
     ax.set_title("Bias of the two orderings of FedSteer")
-    ax.legend(fontsize=8, loc="center left")
+    ax.legend(loc="center left")
     return ax
 
 
@@ -111,7 +111,7 @@ def plot_relative_variances(table: pd.DataFrame, ax: plt.Axes | None = None) -> 
     for bar, o in zip(bars, oracle):
         if o:
             bar.set_hatch("//")
-    ax.set_yticks(y, [f"{c}\n[{s}]" for c, s in zip(table["coordinates"], table["subspace"])], fontsize=8)
+    ax.set_yticks(y, [f"{c}\n[{s}]" for c, s in zip(table["coordinates"], table["subspace"])])
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", lw=0.8, ls=":")
     ax.set_xscale("log")

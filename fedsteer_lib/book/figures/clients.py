@@ -26,13 +26,13 @@ def plot_label_histograms(table: pd.DataFrame, axes: Sequence[plt.Axes]) -> Sequ
             gg = g[g["group"] == group].set_index("label").reindex(labels)
             n, per = int(gg["clients"].iloc[0]), int(gg["points_per_client"].iloc[0])
             ax.bar(x + off, gg["count"], width=0.4, color=colours[group],
-                   label=f"{group}-label group: {n} clients x {per} points")
+                   label=f"{group}: {n} clients × {per} points")
         ax.set_xticks(x, [str(v) for v in labels])
-        ax.set_ylim(0, 1.35 * float(g["count"].max()))
+        ax.set_ylim(0, 1.1 * float(g["count"].max()))
         ax.set_xlabel("label")
-        ax.set_ylabel("training points")
+        ax.set_ylabel("training points" if ax is axes[0] else "")
         ax.set_title(f"γ = {gamma:g}")
-        ax.legend(fontsize=8, loc="upper center")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, handlelength=1.2)
     return axes
 
 
@@ -49,10 +49,10 @@ def plot_staleness_distribution(table: pd.DataFrame, ax: plt.Axes | None = None)
         hist, _ = np.histogram(v, bins=bins)
         ax.step(bins[:-1], hist / len(v), where="mid", color=GROUP_COLOURS[group],
                 lw=3.0 if group == "weak/rare" else 1.4, label=group)
-    ax.set_xlabel("staleness (rounds since last participation; t+1 if never)")
+    ax.set_xlabel("staleness (rounds)")
     ax.set_ylabel("share of (round, client) pairs")
-    ax.set_title("How stale each group's last update is")
-    ax.legend(fontsize=8)
+    ax.set_title("Staleness of each group")
+    ax.legend()
     return ax
 
 
@@ -72,6 +72,6 @@ def plot_mean_staleness(table: pd.DataFrame, expected: Mapping[str, np.ndarray],
         ax.axhline(limits[group], ls="--", lw=0.8, color=c)
     ax.set_xlabel("round t")
     ax.set_ylabel("mean staleness")
-    ax.set_title("Mean staleness: simulation (dots), E[S_t] (lines), 1/p (dashed)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("Mean staleness over the rounds")
+    ax.legend(ncol=2)
     return ax

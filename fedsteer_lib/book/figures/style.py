@@ -1,13 +1,72 @@
-"""Colours shared by the figures of chapters 1-3: one per client group (the weak rare-label
-clients, those the paper worries about, in a strong red) and one per kind of estimate."""
+"""What the book's figures share: colours (one per client group, the weak rare-label clients, those
+the paper worries about, in a strong red; one per kind of estimate) and the size of a figure in the
+book's column (`COLUMN_WIDTH` inches wide, every text at least `MIN_FONT` points), with colour
+limits that a few outliers do not set."""
 from __future__ import annotations
 
-import seaborn as sns
+from typing import Iterable
 
-__all__ = ["CB", "RED", "GROUP_COLOURS", "KIND_COLOURS"]
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+from matplotlib.text import Text
+
+__all__ = ["CB", "RED", "GROUP_COLOURS", "KIND_COLOURS", "COLUMN_WIDTH", "MIN_FONT", "column_figure",
+           "fit_to_column", "robust_limits", "symmetric_limit"]
 
 CB = sns.color_palette("colorblind", 8)
 RED = (0.80, 0.10, 0.10)
 # weak/rare (the clients the paper worries about) in a strong red, the others muted
 GROUP_COLOURS = {"weak/common": CB[0], "weak/rare": RED, "powerful/common": CB[2], "powerful/rare": CB[4]}
 KIND_COLOURS = {"stale h_i": CB[7], "steered Q_t s_i": RED, "difference": CB[0]}
+
+COLUMN_WIDTH = 6.4  # inches: the book's text column (about 690 px)
+# points: the smallest text a figure may show; 9 pt as displayed once a COLUMN_WIDTH figure at the
+# book's 110 dpi (704 px) is scaled into a 690 px column
+MIN_FONT = 9.5
+_SIZES = {"tick": 9.5, "label": 10.0, "title": 10.5}
+
+
+def column_figure(nrows: int = 1, ncols: int = 1, *, height: float = 3.2, **kwargs) -> tuple[plt.Figure, np.ndarray]:
+    """`plt.subplots` at the column's width and `height` inches, constrained layout, axes always
+    a 2-d array; pass the result to `fit_to_column` once drawn."""
+    kwargs.setdefault("layout", "constrained")
+    return plt.subplots(nrows, ncols, figsize=(COLUMN_WIDTH, height), squeeze=False, **kwargs)
+
+
+def fit_to_column(fig: plt.Figure) -> plt.Figure:
+    """Shrink `fig` to the column's width if it is wider (keeping its aspect ratio) and raise every
+    text below `MIN_FONT` (ticks, labels, titles, legends, colour bars) to the book's sizes, so
+    that nothing reads smaller than 9 pt in the book's column; returns `fig`."""
+    w, h = fig.get_size_inches()
+    if w > COLUMN_WIDTH:
+        fig.set_size_inches(COLUMN_WIDTH, h * COLUMN_WIDTH / w)
+    for ax in fig.axes:
+        ax.tick_params(labelsize=_SIZES["tick"])
+        for label in (ax.xaxis.label, ax.yaxis.label):
+            label.set_fontsize(max(label.get_fontsize(), _SIZES["label"]))
+        ax.title.set_fontsize(max(ax.title.get_fontsize(), _SIZES["title"]) if ax.get_title() else _SIZES["title"])
+    for text in fig.findobj(Text):
+        if text.get_fontsize() < MIN_FONT:
+            text.set_fontsize(MIN_FONT)
+    return fig
+
+
+def robust_limits(values: Iterable[float] | np.ndarray, lower: float = 2.0, upper: float = 98.0) -> tuple[float, float]:
+    """Colour limits at the `lower` and `upper` percentiles of the finite `values`, so that a few
+    outliers do not flatten the rest of a colour scale; (0, 1) when there is nothing finite."""
+    v = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel()
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return 0.0, 1.0
+    lo, hi = np.percentile(v, [lower, upper])
+    return (float(lo), float(hi)) if hi > lo else (float(lo) - 0.5, float(lo) + 0.5)
+
+
+def symmetric_limit(values: Iterable[float] | np.ndarray, percentile: float = 98.0) -> float:
+    """Half-width of a colour scale symmetric around 0: the `percentile` of |values| (finite only),
+    1.0 when that is 0 or nothing is finite."""
+    v = np.abs(np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel())
+    v = v[np.isfinite(v)]
+    lim = float(np.percentile(v, percentile)) if len(v) else 0.0
+    return lim if lim > 0 else 1.0

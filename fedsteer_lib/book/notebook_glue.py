@@ -1,0 +1,28 @@
+"""myst-nb's `glue` for the notebooks, without its import cost.
+
+`myst_nb.glue` lives in `myst_nb.ext.glue`, which imports nbformat; nbformat's jsonschema pulls
+in rfc3987_syntax, which builds a Lark grammar when imported: about 2 s of every kernel that
+glues anything (measured on this 2-core machine). This `glue` writes the same display output
+(the variable's mime bundle, under the "application/papermill.record/" prefix when it is not
+displayed, with the `scrapbook` metadata that `{glue:...}` reads when the book is built) with
+IPython alone; tests/test_book_notebook_glue.py checks that it matches `myst_nb.glue` exactly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import IPython
+from IPython.display import display as ipy_display
+
+__all__ = ["glue", "GLUE_PREFIX"]
+
+GLUE_PREFIX = "application/papermill.record/"
+
+
+def glue(name: str, variable: Any, display: bool = True) -> None:
+    """Store how `variable` displays under `name` for `{glue:text}`, `{glue:figure}`, ... in the
+    book's Markdown (and show it too unless display=False): `myst_nb.glue`'s output."""
+    mimebundle, metadata = IPython.core.formatters.format_display_data(variable)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = dict(name=name, mime_prefix=prefix)
+    ipy_display({prefix + k: v for k, v in mimebundle.items()}, raw=True, metadata=metadata)

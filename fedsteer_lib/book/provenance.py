@@ -1,0 +1,168 @@
+"""Where the committed results come from: per run group, how many runs, their wall time, and the
+devices, threads, library and code versions recorded in each run's `provenance`; and one tidy CSV
+of every run's summary. `make book` writes both into `book/_generated/` (not committed) with
+
+    python -m fedsteer_lib.book.provenance book/_generated
+
+and `book/rerun.md` includes the table and links the CSV.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from ..experiments.config import RunConfig
+from ..experiments.groups import run_groups
+from ..experiments.results import has_run, load_run, results_root, runs_table
+
+__all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
+           "write_generated"]
+
+RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "device", "threads",
+                   "torch", "python", "code versions")
+
+
+def cached_configs(configs: Iterable[RunConfig], root: str | os.PathLike) -> list[RunConfig]:
+    """The configs whose result is cached (and valid) under `root`, in order, each key once."""
+    seen: set[str] = set()
+    out = []
+    for c in configs:
+        if c.key() not in seen and has_run(c, root):
+            seen.add(c.key())
+            out.append(c)
+    return out
+
+
+def run_provenance(configs: Iterable[RunConfig], root: str | os.PathLike) -> pd.DataFrame:
+    """One row per cached run of `configs`: its key, wall time (s) and recorded provenance."""
+    rows = []
+    for c in cached_configs(configs, root):
+        payload = load_run(c, root)
+        prov = payload.get("provenance", {})
+        rows.append({"key": c.key(), "wall_time": payload["summary"]["wall_time"],
+                     **{k: prov.get(k) for k in ("device", "threads", "torch", "python", "code_version", "date")}})
+    return pd.DataFrame(rows, columns=["key", "wall_time", "device", "threads", "torch", "python", "code_version",
+                                       "date"])
+
+
+def _values(column: pd.Series) -> str:
+    """The distinct values of a column, in order of first appearance, joined by ', '."""
+    values = (int(v) if isinstance(v, float) and v.is_integer() else v for v in column.dropna())
+    return ", ".join(str(v) for v in dict.fromkeys(values))  # 1.0 (a column with gaps) reads 1
+
+
+def _version_span(runs: pd.DataFrame) -> str:
+    """'first … last (n versions)' of the code versions, ordered by the runs' dates."""
+    versions = list(dict.fromkeys(runs.sort_values("date")["code_version"].dropna()))
+    if len(versions) <= 1:
+        return versions[0] if versions else ""
+    return f"{versions[0]} … {versions[-1]} ({len(versions)} versions)"
+
+
+def runtime_table(groups: Mapping[str, Sequence[RunConfig]], root: str | os.PathLike) -> pd.DataFrame:
+    """One row per run group (`RUNTIME_COLUMNS`): cached runs of defined runs, total wall time in
+    hours, median wall time per run in minutes, and the distinct devices, thread counts, torch and
+    python versions and the span of code versions its runs recorded. A run in two groups counts
+    in both; the last row counts every run once. Groups without runs yet are left out."""
+    rows = []
+    every = {"all groups (each run once)": [c for configs in groups.values() for c in configs]}
+    for name, configs in {**groups, **every}.items():
+        defined = len({c.key() for c in configs})
+        if not defined:  # a group defined only later (e.g. once a calibration is known)
+            continue
+        runs = run_provenance(configs, root)
+        empty = runs.empty
+        rows.append({"group": name, "runs": f"{len(runs)} of {defined}",
+                     "total wall time (h)": None if empty else runs["wall_time"].sum() / 3600,
+                     "median wall time (min)": None if empty else runs["wall_time"].median() / 60,
+                     "device": _values(runs["device"]), "threads": _values(runs["threads"]),
+                     "torch": _values(runs["torch"]), "python": _values(runs["python"]),
+                     "code versions": _version_span(runs)})
+    return pd.DataFrame(rows, columns=list(RUNTIME_COLUMNS))
+
+
+def _cell(value: Any, digits: int) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value).replace("|", "\\|")
+
+
+def _markdown(table: pd.DataFrame, columns: Sequence[str], digits: Mapping[str, int]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+    for _, row in table.iterrows():
+        lines.append("| " + " | ".join(_cell(row[c], digits.get(c, 0)) for c in columns) + " |")
+    return lines
+
+
+RUNTIME_SPLIT = 4  # the first table: group, runs and wall times; the second: the environment
+
+
+def runtime_markdown(table: pd.DataFrame) -> str:
+    """`runtime_table` as two Markdown pipe tables, one under the other (a page is too narrow for
+    one): the runs and wall times (hours to 2 decimals, minutes to 1), then the environment."""
+    digits = {"total wall time (h)": 2, "median wall time (min)": 1}
+    columns = list(table.columns)
+    first = _markdown(table, columns[:RUNTIME_SPLIT], digits)
+    second = _markdown(table, columns[:1] + columns[RUNTIME_SPLIT:], digits)
+    return "\n".join(first) + "\n\n" + "\n".join(second) + "\n"
+
+
+def all_runs_table(groups: Mapping[str, Sequence[RunConfig]], root: str | os.PathLike) -> pd.DataFrame:
+    """`results.runs_table` over every cached run of `groups`, each run once, with a `groups`
+    column naming every group it belongs to (';'-separated)."""
+    member: dict[str, list[str]] = {}
+    configs: list[RunConfig] = []
+    for name, group in groups.items():
+        for c in cached_configs(group, root):
+            if c.key() not in member:
+                member[c.key()] = []
+                configs.append(c)
+            if name not in member[c.key()]:
+                member[c.key()].append(name)
+    table = runs_table(configs, root)
+    if not table.empty:
+        table.insert(0, "groups", [";".join(member[k]) for k in table["key"]])
+    return table
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.is_file() or path.read_text(encoding="utf8") != text:
+        path.write_text(text, encoding="utf8")
+
+
+def write_generated(out_dir: str | os.PathLike, dataset: str = "fmnist", profile: str = "paper",
+                    root: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Write `runtime.md` (`runtime_markdown` of every run group) and `runs.csv`
+    (`all_runs_table`) into `out_dir` from the results under `root` (the profile's cache by
+    default). Files are rewritten only when their content changes. Returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    root = results_root(profile) if root is None else Path(root)
+    groups = run_groups(dataset, profile)
+    paths = {"runtime": out / "runtime.md", "runs": out / "runs.csv"}
+    _write_if_changed(paths["runtime"], runtime_markdown(runtime_table(groups, root)))
+    _write_if_changed(paths["runs"], all_runs_table(groups, root).to_csv(index=False))
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fedsteer_lib.book.provenance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", help="folder for runtime.md and runs.csv (the Makefile: book/_generated)")
+    parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--profile", default="paper")
+    args = parser.parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:  # stale results: counted below, not listed
+        warnings.simplefilter("always")
+        paths = write_generated(args.out_dir, args.dataset, args.profile)
+    stale = {str(w.message) for w in caught}
+    note = f" ({len(stale)} stored results not counted: see `python -m fedsteer_lib status`)" if stale else ""
+    print(f"wrote {paths['runtime']} and {paths['runs']}{note}")
+
+
+if __name__ == "__main__":
+    main()

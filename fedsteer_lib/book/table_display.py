@@ -1,0 +1,61 @@
+"""Tables for reading: numbers to three significant digits in plain notation, "—" for a missing
+value, "yes"/"no" for a truth value, mean ± std (n), and no index column. Display only: the values
+a chapter computes and checks are untouched."""
+from __future__ import annotations
+
+import hashlib
+import math
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pandas.io.formats.style import Styler
+
+__all__ = ["readable_value", "mean_std_text", "readable_table"]
+
+MISSING = "—"
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def readable_value(value: Any, digits: int = 3) -> str:
+    """One cell as text: None/NaN -> "—", a bool -> "yes"/"no", an integer as it is (thousands
+    separated), a real number to `digits` significant digits in plain notation (an exact value without padding zeros: 0.9, not 0.900; a number below
+    1e-3 in magnitude as a × 10ⁿ), anything else as `str`."""
+    if value is None or (isinstance(value, Real) and not isinstance(value, Integral) and math.isnan(value)):
+        return MISSING
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, Integral):
+        return f"{int(value):,}"
+    if not isinstance(value, Real):
+        return MISSING if value is pd.NA or value is pd.NaT else str(value)
+    v = float(value)
+    if v == 0 or math.isinf(v):
+        return "0" if v == 0 else str(v)
+    exponent = math.floor(math.log10(abs(v)))
+    if exponent < -3:
+        mantissa = f"{v / 10 ** exponent:.{digits - 1}f}"
+        return f"{mantissa} × 10{str(exponent).translate(_SUPERSCRIPT)}"
+    decimals = max(0, digits - 1 - exponent)
+    text = f"{v:,.{decimals}f}"
+    if decimals and abs(float(text.replace(",", "")) - v) <= 1e-6 * abs(v):  # an exact value (a setting such as 0.9): no padding zeros
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def mean_std_text(mean: float, std: float, n: int, digits: int = 3) -> str:
+    """"mean ± std (n = …)" with both numbers to `digits` significant digits; the std is "—" when
+    n < 2."""
+    spread = readable_value(std, digits) if n >= 2 else MISSING
+    return f"{readable_value(mean, digits)} ± {spread} (n = {n})"
+
+
+def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False, uuid: str | None = None) -> Styler:
+    """A Styler of `table` with every cell through `readable_value`, the index hidden (kept as
+    columns first when `index`), and a fixed `uuid` so that the HTML is the same on every run
+    (nbval compares it)."""
+    shown = table.reset_index() if index else table
+    styler = shown.style.format(lambda v: readable_value(v, digits)).hide(axis="index")
+    digest = hashlib.sha1("|".join(map(str, shown.columns)).encode()).hexdigest()[:10]
+    return styler.set_uuid(uuid or f"t{digest}")
