@@ -2,7 +2,7 @@
 instance with the same number of CPUs, started and stopped inside the timing), in one
 invocation; writes data/results/bench/ray_overhead.json and prints the ratio ray / local.
 
-    .venv/bin/python bench/ray_overhead.py [--workers 2] [--rounds 30]
+    .venv/bin/python bench/ray_overhead.py [--workers 2] [--rounds 60]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ OUT = Path(__file__).resolve().parents[1] / "data" / "results" / "bench" / "ray_
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=60)
     args = parser.parse_args()
     configs = [RunConfig(method=method(m), system=FLSystem(gamma=0.9), seed=s,
                          training=Training(rounds=args.rounds, local_epochs=1, eval_every=10, eval_last=1))

@@ -24,7 +24,7 @@ GRID = textwrap.dedent("""
     from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
     CONFIGS = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=s,
                          training=Training(rounds=3, local_epochs=1, eval_every=3, eval_last=1))
-               for s in (0, 1) for m in ("fedavg", "fedvarp", "mifa", "fedavg_unbiased")]
+               for s in (0,) for m in ("fedavg", "fedvarp", "mifa", "fedavg_unbiased")]
 """)
 COLUMNS = ["key", "label", "seed", "final_accuracy", "final_loss", "collapsed"]
 
@@ -38,12 +38,12 @@ def _configs():
 @pytest.fixture(scope="module")
 def local_results(tmp_path_factory):
     root = tmp_path_factory.mktemp("local")
-    assert run_grid(_configs(), root, workers=2, progress=False) == 8
+    assert run_grid(_configs(), root, workers=2, progress=False) == 4
     return runs_table(_configs(), root)[COLUMNS]
 
 
 def test_ray_results_equal_the_local_executors(tmp_path, local_results):
-    assert run_grid(_configs(), tmp_path, workers=2, executor="ray", progress=False) == 8
+    assert run_grid(_configs(), tmp_path, workers=2, executor="ray", progress=False) == 4
     assert runs_table(_configs(), tmp_path)[COLUMNS].equals(local_results)
     assert run_grid(_configs(), tmp_path, workers=2, executor="ray", progress=False) == 0  # cached runs are never sent
 
@@ -67,7 +67,7 @@ def test_a_worker_killed_mid_sweep_loses_no_finished_run(tmp_path, local_results
     while time.time() < deadline and killed is None and proc.poll() is None:
         done = list(runs.glob("[0-9a-f]*.json")) if runs.exists() else []
         pids = _ray_task_pids()
-        if 1 <= len(done) < 8 and pids:
+        if 1 <= len(done) < 4 and pids:
             finished_before = {p: p.stat().st_mtime_ns for p in done}
             os.kill(pids[0], signal.SIGKILL)
             killed = pids[0]

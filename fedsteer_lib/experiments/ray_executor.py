@@ -79,8 +79,7 @@ def run_on_ray(todo: Sequence[RunConfig], save: Callable, *, workers: int, addre
     started_here = not ray.is_initialized()
     if started_here:
         kwargs = {"num_cpus": workers} if address in (None, "local") else {"address": address}
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
     try:
         task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False)(_compute)
         by_key = {c.key(): c for c in todo}
