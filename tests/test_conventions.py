@@ -80,3 +80,59 @@ def test_regime_summary_gains_and_the_calibrated_cell():
     assert text.startswith("The rule picks client lr 0.01, E = 1: unbiased FedAvg 0.450 over 3 seeds (the paper: 0.509)")
     assert "5 of 272 runs computed so far" in text
     assert conv.describe_calibrated_cell(summary[summary["role"] != "fedavg_unbiased"], None, 0, 0).startswith("No cell")
+
+
+def _claim_runs(rows):
+    return pd.DataFrame([{"gamma": g, "seed": s, "role": r, "beta": np.nan, "final_accuracy": a, "collapsed": False}
+                         for g, s, r, a in rows])
+
+
+def test_setting_claims_by_hand():
+    # gamma = 0.9, six seeds: FedSteer ahead of FedAvg by 0.10 (+0.004 on odd seeds), of FedVARP by
+    # 0.04 (+0.002), i.e. about 6.9 % of FedVARP's mean, below the paper's 8.8 %; FedVARP ahead of FedAvg
+    # on every seed; gamma = 0.7: FedSteer and FedVARP within 0.003 (the paper quotes no FedAvg gain there).
+    seeds = range(6)
+    rows = [(0.9, s, "fedsteer", 0.60 + 0.01 * s + 0.004 * (s % 2)) for s in seeds]
+    rows += [(0.9, s, "fedavg", 0.50 + 0.01 * s) for s in seeds]
+    rows += [(0.9, s, "fedavg_unbiased", 0.40 + 0.001 * s) for s in seeds]
+    rows += [(0.9, s, "fedvarp", 0.56 + 0.01 * s + 0.002 * (s % 2)) for s in seeds]
+    rows += [(0.7, s, "fedsteer", 0.70 + 0.003 * (s % 2)) for s in seeds] + [(0.7, s, "fedvarp", 0.70) for s in seeds]
+    claims = conv.setting_claims({"here": _claim_runs(rows), "two seeds": _claim_runs([r for r in rows if r[1] < 2])})
+    here = claims[claims["setting"] == "here"].set_index(["convention", "gamma", "claim"])
+    beats_avg = here.loc[("normalised", 0.9, "FedSteer beats FedAvg")]
+    assert (beats_avg["a"], beats_avg["b"], beats_avg["n"], beats_avg["wins"]) == ("FedSteer", "FedAvg", 6, 6)
+    assert beats_avg["rel_mean"] == pytest.approx(0.102 / 0.525)
+    assert beats_avg["verdict"] == "holds" and beats_avg["paper"] == "+8.8 %"
+    best = here.loc[("framework", 0.9, "FedSteer beats the best baseline")]
+    assert best["b"] == "FedVARP" and best["verdict"] == "holds"
+    assert best["rel_mean"] == pytest.approx(0.041 / 0.586)
+    margin = here.loc[("framework", 0.9, "… by at least the paper's 8.8 %")]
+    assert margin["wins"] == 0 and margin["verdict"] == "does not hold"
+    assert here.loc[("normalised", 0.9, "FedAvg is the best baseline")]["verdict"] == "does not hold"
+    # the framework set's FedAvg is the unbiased one
+    assert here.loc[("framework", 0.9, "FedSteer beats FedAvg")]["b"] == "FedAvg (unbiased)"
+    assert here.loc[("normalised", 0.7, "FedSteer beats the best baseline")]["verdict"] == "cannot be decided here"
+    assert ("normalised", 0.7, "FedSteer beats FedAvg") not in here.index  # the paper quotes no such gain at 0.7
+    # two seeds: shown, never a verdict
+    assert set(claims.loc[claims["setting"] == "two seeds", "verdict"]) == {"indicative"}
+    shown = conv.setting_claims_display(claims, "here")
+    assert list(shown.columns) == ["γ", "claim", "paper", "today's (normalised)", "FedStale code base's"]
+    row = shown[(shown["γ"] == "0.9") & (shown["claim"] == "FedSteer beats FedAvg")].iloc[0]
+    assert row["today's (normalised)"] == "+19.4 ± 0.4 % (n = 6)<br><b>holds</b>"
+    text = conv.describe_setting_claims(claims)
+    assert text.startswith("here, against today's normalised baselines, of ")
+    assert "two seeds, against the FedStale code base's baselines" in text and "only indicative (2 paired seeds)" in text
+    assert conv.describe_setting_claims(claims.iloc[0:0]) == "No claim can be checked yet."
+
+
+def test_server_step_table_chooses_only_complete_methods():
+    runs = pd.DataFrame([{"role": r, "server_lr": lr, "gamma": g, "final_accuracy": a}
+                         for r, lr, g, a in [("fedavg", 0.5, 0.7, 0.80), ("fedavg", 0.5, 0.9, 0.70),
+                                             ("fedavg", 1.0, 0.7, 0.78), ("fedavg", 1.0, 0.9, 0.74),
+                                             ("fedsteer", 1.0, 0.7, 0.81)]])
+    t = conv.server_step_table(runs, (0.5, 1.0)).set_index("method")
+    assert t.loc["FedAvg", "η_s = 0.5"] == "0.750" and t.loc["FedAvg", "η_s = 1"] == "0.760"
+    assert t.loc["FedAvg", "chosen η_s"] == "1"  # 0.76 > 0.75
+    assert t.loc["FedSteer", "η_s = 1"] == "—" and t.loc["FedSteer", "chosen η_s"] == "—"  # gamma 0.9 missing
+    assert list(conv.server_step_table(runs.iloc[0:0], (0.5, 1.0)).columns) == ["method", "η_s = 0.5", "η_s = 1",
+                                                                                  "chosen η_s"]

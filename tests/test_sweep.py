@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import dataclasses
 import textwrap
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book.methods import label_without_warmup
-from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
+from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, get_profile, method
 from fedsteer_lib.experiments.groups import convergence_grid, server_step_grid, stability_grid
 from fedsteer_lib.experiments.tuning import select_server_steps
 from fedsteer_lib.experiments.results import runs_table
@@ -138,6 +139,9 @@ def test_server_step_grid_gives_every_method_the_same_three_steps_on_validation(
     assert {"fedsteer", "fedsteer(ordering=as_written)", "fedavg", "mifa(start=wait_all)"} <= set(per_method)
     assert "full" not in per_method and [c.method.get("beta") for c in configs if c.method.name == "fedstale"] == [0.7] * 6
     assert len(configs) == 13 * 3 * 2
+    quick = server_step_grid("fmnist", "quick")  # the quick profile: two steps for two methods
+    assert sorted((label_without_warmup(c.method), c.training.server_lr) for c in quick) == [
+        ("fedavg_unbiased", 0.5), ("fedavg_unbiased", 1.0), ("fedsteer", 0.5), ("fedsteer", 1.0)]
 
 
 def test_server_step_choice_by_hand():
@@ -168,8 +172,12 @@ def test_the_calibrated_point_follows_the_rule_once_the_map_has_every_unbiased_f
         assert (calibration_cell("fmnist", "quick", tmp_path) is None) == (c is unbiased[0])
     cell = calibration_cell("fmnist", "quick", tmp_path)
     assert cell == {"client_lr": 0.1, "local_epochs": 1, "mean": 0.55, "n": 1, "paper": CALIBRATION_TARGET["paper_accuracy"]}
-    configs = calibrated_grid("fmnist", "quick", root=tmp_path)
+    every_method = dataclasses.replace(get_profile("quick"), calibrated_roles=None)  # the paper profile's methods
+    configs = calibrated_grid("fmnist", every_method, root=tmp_path)
     labels = [label_without_warmup(c.method) for c in configs]
     assert "full" not in labels and "fedsteer(ordering=as_written)" in labels and "mifa(start=wait_all)" in labels
     assert len(labels) == len(set(labels)) == 17
+    quick = [label_without_warmup(c.method) for c in calibrated_grid("fmnist", "quick", root=tmp_path)]
+    assert sorted(quick) == sorted(["fedavg", "fedavg_unbiased", "mifa(start=wait_all)",
+                                    "fedsteer", "fedsteer(ordering=as_written)"])  # the quick profile's five
     assert {(c.training.client_lr, c.training.local_epochs) for c in configs} == {(0.1, 1)}

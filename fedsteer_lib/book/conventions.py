@@ -6,21 +6,22 @@ its label. Every function takes the tidy runs table of `role_runs` (one row per 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..experiments import tuning
-from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, RunConfig
+from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, SERVER_LRS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import runs_table
-from .paper import paper_value_for
+from .paper import HEADLINE_FEDSTEER, paper_value_for
 from .stats import tested_verdicts
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
            "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell",
-           "describe_calibrated_cell"]
+           "describe_calibrated_cell", "BASELINE_SETS", "setting_claims", "setting_claims_display",
+           "describe_setting_claims", "server_step_table"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
 CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -36,6 +37,12 @@ CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
 )
 STEERS = ("fedsteer", "fedsteer_as_written")
 NON_BASELINES = ("full", "fedsteer", "fedsteer_enforce5", "fedsteer_as_written")
+# The baselines FedSteer is compared with under each convention set (the unbiased FedAvg belongs
+# to both), and each set's FedAvg.
+BASELINE_SETS: dict[str, tuple[str, ...]] = {
+    "normalised": tuple(r for r in TABLE1_ROLES if r not in NON_BASELINES),
+    "framework": tuple(r for r in FRAMEWORK_ROLES if r not in NON_BASELINES)}
+FEDAVG_OF = {"normalised": "fedavg", "framework": "fedavg_unbiased"}
 
 
 def role_runs(configs: Sequence[RunConfig], root) -> pd.DataFrame:
@@ -44,12 +51,13 @@ def role_runs(configs: Sequence[RunConfig], root) -> pd.DataFrame:
     configs = list({c.key(): c for c in configs}.values())
     table = runs_table(configs, root)
     if table.empty:
-        return table.assign(role=[], client_lr=[], local_epochs=[], beta=[])
+        return table.assign(role=[], client_lr=[], local_epochs=[], beta=[], server_lr=[])
     dd = {c.dataset: {k: v for k, v in DATASET_DEFAULTS[c.dataset].items() if k in ("core_size", "lam")} for c in configs}
     table["role"] = [role_of(c.method.name, dict(c.method.params), dd[c.dataset]) for c in configs]
     table["client_lr"] = [c.training.client_lr for c in configs]
     table["local_epochs"] = [c.training.local_epochs for c in configs]
     table["beta"] = [c.method.get("beta") if c.method.name == "fedstale" else np.nan for c in configs]
+    table["server_lr"] = [c.training.server_lr for c in configs]
     return table
 
 
@@ -91,13 +99,11 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
     difference, its relative size, how many seeds FedSteer wins, the paired t-test's p, its
     Holm adjustment over every row of the table (one family) and the verdict it allows
     (`stats.tested_verdicts`: none from fewer than 5 seeds)."""
-    sets = {"normalised": [r for r in TABLE1_ROLES if r not in NON_BASELINES],
-            "framework": [r for r in FRAMEWORK_ROLES if r not in NON_BASELINES]}
     rows, diffs = [], []
     for gamma, at_gamma in runs.groupby("gamma"):
         at_gamma = at_best_fedstale_beta(at_gamma, metric)
         per_seed = at_gamma.pivot_table(index="seed", columns="role", values=metric, aggfunc="first")
-        for conv, baselines in sets.items():
+        for conv, baselines in BASELINE_SETS.items():
             present = [b for b in baselines if b in per_seed]
             if not present:
                 continue
@@ -122,6 +128,7 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
 
 
 _CONVENTION_NAMES = {"normalised": "today's (normalised)", "framework": "FedStale code base's"}
+_CONVENTION_PHRASES = {"normalised": "today's normalised baselines", "framework": "the FedStale code base's baselines"}
 
 
 def _cell(mean: float, std: float, n: int, collapsed: int) -> str:
@@ -133,10 +140,13 @@ def _cell(mean: float, std: float, n: int, collapsed: int) -> str:
 
 def convention_display(table: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:
     """`convention_table` for reading: mean ± std per convention (with the collapsed runs
-    counted), the paper's number where its text quotes one, no index."""
+    counted), the paper's number where its text quotes one, no index; a method with no run
+    under either convention has no row."""
     roles = {name: normalised for name, normalised, _ in CONVENTION_PAIRS}
     rows = []
     for _, r in table.iterrows():
+        if not r["normalised_n"] and not r["framework_n"]:
+            continue  # a method this grid does not run
         paper = paper_value_for(dataset, r["gamma"], "final_accuracy", roles[r["method"]])
         rows.append({"γ": f"{r['gamma']:g}", "method": r["method"],
                      _CONVENTION_NAMES["normalised"]: _cell(r["normalised_mean"], r["normalised_std"],
@@ -167,8 +177,7 @@ def describe_paired_gains(gains: pd.DataFrame, gamma: float, steer: str = "FedSt
     parts = []
     for _, r in gains[np.isclose(gains["gamma"], gamma) & (gains["fedsteer"] == steer)].iterrows():
         test = ("" if pd.isna(r["p_holm"]) else f", Holm-adjusted p = {r['p_holm']:.3f}")
-        phrase = {"normalised": "today's normalised baselines", "framework": "the FedStale code base's baselines"}
-        parts.append(f"with {phrase[r['convention']]}, {steer} ends "
+        parts.append(f"with {_CONVENTION_PHRASES[r['convention']]}, {steer} ends "
                      f"{r['gain']:+.3f} ({100 * r['relative_gain']:+.1f} %) from the best of them, "
                      f"{r['best_baseline']} ({r['baseline_mean']:.3f}), winning {r['wins']} of {r['n']} seeds{test}: "
                      f"{r['verdict']}")
@@ -229,3 +238,138 @@ def describe_calibrated_cell(summary: pd.DataFrame, final: dict | None, point_ca
         text += (f" Table 1's methods and the FedStale code base's baselines at this cell, every seed and both γ: "
                  f"{point_cached} of {point_total} runs computed so far (`python -m fedsteer_lib sweep --what calibrated`).")
     return text
+
+
+# What the verdict of a paired test (`stats.tested_verdicts`, a = the claim's winner) says of a claim.
+_CLAIM_WORDS = {"a higher": "holds", "a lower": "does not hold", "no clear difference": "cannot be decided here"}
+
+
+def _claim_checks(per_seed: pd.DataFrame, conv: str, gamma: float, dataset: str) -> list[tuple]:
+    """The paper's §4.2 accuracy claims at one gamma under one convention set, as comparisons
+    (claim, a, b, factor, the paper's figure) where the claim says a > factor × b."""
+    steer, avg = HEADLINE_FEDSTEER[dataset], FEDAVG_OF[conv]
+    present = [b for b in BASELINE_SETS[conv] if b in per_seed]
+    if steer not in per_seed or not present:
+        return []
+    best = per_seed[present].mean().idxmax()
+    gain_best = paper_value_for(dataset, gamma, "gain_vs_best_baseline", "fedsteer")
+    gain_avg = paper_value_for(dataset, gamma, "gain_vs_fedavg", "fedsteer")
+    checks = []
+    if gain_avg == gain_avg and avg in per_seed:
+        checks.append(("FedSteer beats FedAvg", steer, avg, 1.0, f"{100 * gain_avg:+.1f} %"))
+    if gain_best == gain_best:
+        checks.append(("FedSteer beats the best baseline", steer, best, 1.0, f"{100 * gain_best:+.1f} %"))
+        checks.append((f"… by at least the paper's {100 * gain_best:.1f} %", steer, best, 1 + gain_best,
+                       f"{100 * gain_best:+.1f} %"))
+    others = [b for b in present if b != avg]
+    if gain_avg == gain_avg and gain_avg == gain_best and avg in per_seed and others:
+        # the paper's FedAvg is its best baseline at this gamma (its two gains are the same figure)
+        rival = per_seed[others].mean().idxmax()
+        checks.append(("FedAvg is the best baseline", avg, rival, 1.0, "yes"))
+    return checks
+
+
+def setting_claims(settings: Mapping[str, pd.DataFrame], dataset: str = "fmnist",
+                   metric: str = "final_accuracy") -> pd.DataFrame:
+    """The paper's accuracy claims of §4.2 (FedSteer beats FedAvg, beats the best baseline, by
+    at least the paper's relative gain; FedAvg is the best baseline) checked in each setting
+    (`settings`: name -> `role_runs` table) under each convention set (`BASELINE_SETS`; FedStale
+    at its best beta), with the headline FedSteer (`paper.HEADLINE_FEDSTEER`). One row per
+    (setting, convention, gamma, claim): a and b (display names), the paper's figure, the relative
+    gain (the mean of the per-seed differences a − b over b's mean; its std likewise), n, seeds where a > factor × b, the paired t-test of
+    a − factor × b with Holm's adjustment over every row (one family), and the claim's verdict:
+    holds / does not hold / cannot be decided here, or indicative below 5 paired seeds."""
+    rows, margins = [], []
+    for setting, runs in settings.items():
+        for gamma, at_gamma in runs.groupby("gamma"):
+            per_seed = at_best_fedstale_beta(at_gamma, metric).pivot_table(
+                index="seed", columns="role", values=metric, aggfunc="first")
+            for conv in BASELINE_SETS:
+                for claim, a, b, factor, paper in _claim_checks(per_seed, conv, gamma, dataset):
+                    both = per_seed[[a, b]].dropna()
+                    diff, margin = both[a] - both[b], both[a] - factor * both[b]
+                    margins.append(margin.tolist())
+                    rows.append({"setting": setting, "convention": conv, "gamma": float(gamma), "claim": claim,
+                                 "a": display_name(a), "b": display_name(b), "paper": paper,
+                                 "rel_mean": float(diff.mean() / both[b].mean()),
+                                 "rel_std": float(diff.std(ddof=1) / both[b].mean()) if len(diff) > 1 else np.nan,
+                                 "n": int(len(both)), "wins": int((margin > 0).sum())})
+    out = pd.DataFrame(rows)
+    if not rows:
+        return out
+    tests = tested_verdicts(margins, a="a")
+    out["p_holm"] = tests["p_holm"].values
+    out["verdict"] = [_CLAIM_WORDS.get(w, "indicative") for w in tests["verdict"]]
+    return out
+
+
+def setting_claims_display(claims: pd.DataFrame, setting: str) -> pd.DataFrame:
+    """`setting_claims` of one setting for reading: one row per (gamma, claim) with the paper's
+    figure and, per convention set, ours (relative gain, mean ± std and n) over the verdict."""
+    rows = []
+    at = claims[claims["setting"] == setting]
+    for (gamma, claim), both in at.groupby(["gamma", "claim"], sort=False):
+        row = {"γ": f"{gamma:g}", "claim": claim, "paper": both["paper"].iloc[0]}
+        for conv, name in _CONVENTION_NAMES.items():
+            r = both[both["convention"] == conv]
+            if r.empty:
+                row[name] = "—"
+                continue
+            r = r.iloc[0]
+            spread = "" if np.isnan(r["rel_std"]) else f" ± {100 * r['rel_std']:.1f}"
+            who = f"{r['a']} vs {r['b']}: " if claim.startswith("FedAvg") or "best" in claim else ""
+            row[name] = (f"{who}{100 * r['rel_mean']:+.1f}{spread} % (n = {r['n']})<br>"
+                         f"<b>{r['verdict']}</b>")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def describe_setting_claims(claims: pd.DataFrame) -> str:
+    """Plain words, one sentence per (setting, convention set): which claim checks hold, which
+    do not, and how many cannot be decided or are only indicative (fewer than 5 seeds)."""
+    if claims.empty:
+        return "No claim can be checked yet."
+    sentences = []
+    for (setting, conv), rows in claims.groupby(["setting", "convention"], sort=False):
+        name = lambda r: (r.claim.replace("…", "FedSteer beats the best baseline")  # noqa: E731
+                          + f" at γ = {r.gamma:g}")
+        holds = [name(r) for r in rows.itertuples() if r.verdict == "holds"]
+        fails = [name(r) for r in rows.itertuples() if r.verdict == "does not hold"]
+        open_ = int((rows["verdict"] == "cannot be decided here").sum())
+        weak = int((rows["verdict"] == "indicative").sum())
+        parts = [f"{len(holds)} {'holds' if len(holds) == 1 else 'hold'}" + (f" ({'; '.join(holds)})" if holds else "")]
+        if fails:
+            parts.append(f"{len(fails)} {'does' if len(fails) == 1 else 'do'} not hold ({'; '.join(fails)})")
+        if open_:
+            parts.append(f"{open_} cannot be decided")
+        if weak:
+            most = int(rows["n"].max())
+            parts.append(f"{weak} {'is' if weak == 1 else 'are'} only indicative "
+                         f"({most} paired seed{'s' if most != 1 else ''})")
+        sentences.append(f"{setting}, against {_CONVENTION_PHRASES[conv]}, of {len(rows)} claim checks "
+                         + "; ".join(parts) + ".")
+    return " ".join(sentences)
+
+
+def server_step_table(runs: pd.DataFrame, server_lrs: Sequence[float] = SERVER_LRS,
+                      metric: str = "final_accuracy") -> pd.DataFrame:
+    """The server-step search for reading (`runs`: `role_runs` of `groups.server_step_grid`,
+    accuracies on the validation split): one row per method with its validation accuracy at each
+    server step of `server_lrs` (the profile's; mean over the gammas) and the step it gets
+    (`experiments.tuning.select_server_steps`), the latter only once every (step, gamma) run of
+    the method is in; "—" where a run is missing."""
+    if runs.empty:
+        return pd.DataFrame(columns=["method", *(f"η_s = {lr:g}" for lr in server_lrs), "chosen η_s"])
+    gammas = runs["gamma"].nunique()
+    choice = tuning.select_server_steps(runs.assign(label=runs["role"])).set_index("label")["server_lr"]
+    rows = []
+    for role, mine in runs.groupby("role", sort=False):
+        means = mine.groupby("server_lr")[metric].agg(["mean", "count"])
+        row = {"method": display_name(role)}
+        for lr in server_lrs:
+            done = lr in means.index and means.loc[lr, "count"] == gammas
+            row[f"η_s = {lr:g}"] = f"{means.loc[lr, 'mean']:.3f}" if done else "—"
+        complete = all(row[f"η_s = {lr:g}"] != "—" for lr in server_lrs)
+        row["chosen η_s"] = f"{choice[role]:g}" if complete else "—"
+        rows.append(row)
+    return pd.DataFrame(rows)

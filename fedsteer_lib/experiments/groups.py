@@ -10,9 +10,10 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from .config import (CALIBRATION_TARGET, DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, SERVER_LRS, Diagnostics, FLSystem, MethodSpec,
+from .config import (CALIBRATION_TARGET, DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, Diagnostics, FLSystem, MethodSpec,
                      Profile, RunConfig, framework_methods, get_profile, method, paper_methods, regime_methods,
                      server_step_methods)
+from .registry import role_of
 from .sweep import grid
 from .tuning import VALIDATION_SIZE, calibrated_cell, tuning_configs
 
@@ -69,6 +70,12 @@ def regime_grid(dataset: str = "fmnist", profile: str | Profile = "paper", devic
 
 
 
+def _with_roles(methods: Sequence[MethodSpec], roles: Sequence[str], dataset: str) -> list[MethodSpec]:
+    """The methods whose role (`registry.role_of`) is one of `roles` (a profile's smaller grid)."""
+    dd = {k: v for k, v in DATASET_DEFAULTS[dataset].items() if k in ("core_size", "lam")}
+    return [m for m in methods if role_of(m.name, dict(m.params), dd) in roles]
+
+
 def calibration_cell(dataset: str = "fmnist", profile: str | Profile = "paper", root=None) -> dict | None:
     """The paper-calibrated cell of the regime map (`config.CALIBRATION_TARGET`,
     `tuning.calibrated_cell`), from the cached runs of the calibration method in every cell of
@@ -94,8 +101,8 @@ def calibrated_grid(dataset: str = "fmnist", profile: str | Profile = "paper", d
                     root=None) -> list[RunConfig]:
     """The paper-calibrated point: Table 1's methods (full participation excepted: it is the
     reference, not a competitor, and costs N clients a round), FedSteer as written and the FedStale
-    code base's baselines, at the calibrated cell's client lr and local epochs, the profile's
-    gammas and seeds. Empty until the cell is known (`calibration_cell`)."""
+    code base's baselines (those of the profile's `calibrated_roles` where it names them), at the
+    calibrated cell's client lr and local epochs, the profile's gammas and seeds. Empty until the cell is known (`calibration_cell`)."""
     cell = calibration_cell(dataset, profile, root)
     if cell is None:
         return []
@@ -103,17 +110,24 @@ def calibrated_grid(dataset: str = "fmnist", profile: str | Profile = "paper", d
     methods = [m for m in paper_methods(dataset) if m.name != "full"]
     methods.append(method("fedsteer", ordering="as_written", core_size=dd["core_size"], lam=dd["lam"]))
     methods += [m for m in framework_methods(dataset) if m not in methods]
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    if prof.calibrated_roles is not None:
+        methods = _with_roles(methods, prof.calibrated_roles, dataset)
     return grid(dataset, methods, profile, device=device, client_lr=cell["client_lr"],
                 local_epochs=cell["local_epochs"])
 
 
 def server_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
-    """The server-step search (`config.SERVER_LRS` x `config.server_step_methods`) on the
-    validation split, at the profile's gammas and its first seed."""
+    """The server-step search (the profile's `server_lrs` x `config.server_step_methods`, those of
+    its `server_step_roles` where it names them) on the validation split, at the profile's gammas
+    and its first seed. The paper profile's steps are `config.SERVER_LRS`, for every method."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
+    methods = server_step_methods(dataset)
+    if prof.server_step_roles is not None:
+        methods = _with_roles(methods, prof.server_step_roles, dataset)
     configs = []
-    for server_lr in SERVER_LRS:
-        configs += grid(dataset, server_step_methods(dataset), prof, seeds=prof.seeds[:1], device=device,
+    for server_lr in prof.server_lrs:
+        configs += grid(dataset, methods, prof, seeds=prof.seeds[:1], device=device,
                         system=FLSystem(validation_size=VALIDATION_SIZE), server_lr=server_lr)
     return configs
 
