@@ -271,6 +271,7 @@ def test_readable_value_and_table():
         "0.813", "0.9", "3.20 × 10⁻⁶", "12,346", "7", "yes", "no", "—", "—"]
     assert readable_value(float(np.float32(0.04))) == "0.04" and readable_value(0.99996) == "1.000"
     assert mean_std_text(0.81275, 0.0123, 8) == "0.813 ± 0.0123 (n = 8)" and "± —" in mean_std_text(0.5, 0.0, 1)
+    assert mean_std_text(0.81275, 0.0123, 8, with_n=False) == "0.813 ± 0.0123" and mean_std_text(float("nan"), 0.1, 3) == "—"
     table = pd.DataFrame({"a": [0.81275, np.nan], "b": [True, None]}, index=[10, 11])
     html = readable_table(table).to_html()
     assert html == readable_table(table).to_html()  # a fixed id: nbval compares it
@@ -298,6 +299,19 @@ def test_colour_limits_ignore_outliers():
     assert symmetric_limit(values) <= 1 and symmetric_limit([0.0, np.nan]) == 1.0
 
 
+def test_highlight_colours_are_shared_by_the_results_figures():
+    from fedsteer_lib.book.figures import accuracy
+    from fedsteer_lib.book.figures.style import CB, RED, highlight_colours
+    colours = highlight_colours(["fedsteer", "fedsteer(refresh_every=5)", "fedavg", "mifa", "fedvarp"], best="fedvarp")
+    assert list(colours) == ["fedsteer", "fedsteer(refresh_every=5)", "fedavg", "fedvarp"]  # mifa: muted
+    assert colours["fedsteer"] == RED and colours["fedsteer(refresh_every=5)"] != RED
+    assert colours["fedavg"] == CB[0] and colours["fedvarp"] == CB[2]
+    t1 = pd.DataFrame({"role": ["fedsteer", "fedsteer_enforce5", "fedavg", "fedvarp", "mifa"],
+                       "mean": [0.8, 0.79, 0.7, 0.75, 0.72]})
+    # Table 1's figures colour FedSteer, FedAvg and the best baseline only, in the same colours as chapter 5's
+    assert accuracy._role_colours(t1) == {"fedsteer": RED, "fedavg": CB[0], "fedvarp": CB[2]}
+
+
 def test_coordinate_heatmaps_fit_the_column_and_scale_each_panel():
     import matplotlib.pyplot as plt
     from fedsteer_lib.book.figures import coordinates as coord_figs
@@ -309,3 +323,45 @@ def test_coordinate_heatmaps_fit_the_column_and_scale_each_panel():
     shown = [ax.images[0].get_array() for ax in fig.axes if ax.images]
     assert all(np.abs(a).max() > 0.9 for a in shown)  # the small panel is not flat next to the large one
     plt.close(fig)
+
+
+def test_selection_summary_reads_the_medians_per_core_size():
+    grads, weights = clustered(30, 40, 5, seed=2, noise=0.3)
+    gram = grads @ grads.T
+    df = pd.concat([selection.selection_comparison([gram], weights, k, 0.5, draws=3, max_swaps=2, n_sub=10,
+                                                   converged=(k == 3), seed=0) for k in (3, 6)], ignore_index=True)
+    summary = selection.selection_summary(df).set_index("k")
+    med = df.groupby(["k", "selection"])["relative_J"].median()
+    for k in (3, 6):
+        g, r, s = med[(k, "greedy")], med[(k, "random")], med[(k, "subsampled")]
+        assert summary.loc[k, "greedy"] == g and summary.loc[k, "greedy_reduction_pct"] == pytest.approx(100 * (1 - g / r))
+        assert summary.loc[k, "subsampled_keeps_pct"] == pytest.approx(100 * (r - s) / (r - g))
+        assert summary.loc[k, "draws"] == 3
+    assert summary.loc[3, "greedy (converged)"] == med[(3, "greedy (converged)")]
+    assert math.isnan(summary.loc[6, "greedy (converged)"]) and math.isnan(summary.loc[6, "budget_leaves_pct"])
+
+
+def test_variance_verdicts_state_a_difference_only_beyond_the_seed_spread():
+    from fedsteer_lib.book.aggregation import variance_verdicts
+    table = pd.DataFrame({"FedSteer vs unbiased FedAvg": [-0.02, 2.0, 2.1, 0.13, 2.0],  # a wide spread around +1.2
+                          "FedSteer vs FedVARP": [-0.40, -0.57, -0.45, -0.34, -0.48]})
+    out = variance_verdicts(table).set_index("other")
+    assert out.loc["unbiased FedAvg", "verdict"] == "within run-to-run variation of"
+    assert out.loc["FedVARP", "verdict"] == "lower than" and out.loc["FedVARP", "p_holm"] < 0.05
+    assert out.loc["FedVARP", "text"].startswith("lower than FedVARP's (FedSteer / FedVARP − 1 = -0.448 ± ")
+    few = variance_verdicts(table.head(2)).set_index("other")
+    assert few.loc["FedVARP", "verdict"].startswith("not tested against") and math.isnan(few.loc["FedVARP", "p_holm"])
+
+
+def test_variance_by_seed_is_theorem_1_at_each_seeds_state():
+    from fedsteer_lib import projection
+    from fedsteer_lib.book import aggregation, snapshots
+    configs = [_small_config(core_size=4).replace(seed=s) for s in (1, 2)]
+    first = snapshots.trajectory(prepare(configs[0]), configs[0].training, configs[0].method, 2, 1)
+    table = aggregation.variance_by_seed(configs, 2, known={1: first}).set_index("seed")
+    est = first.strategy.estimates(first.state, first.ctx)
+    assert table.loc[1, "FedSteer"] == pytest.approx(projection.update_variance(first.true, est, first.ctx.weights, first.ctx.probs))
+    assert table.loc[1, "FedVARP"] == pytest.approx(projection.update_variance(first.true, first.memory, first.ctx.weights,
+                                                                              first.ctx.probs))
+    assert np.allclose(table["FedSteer vs FedVARP"], table["FedSteer"] / table["FedVARP"] - 1)
+    assert table.loc[2, "unbiased FedAvg"] != table.loc[1, "unbiased FedAvg"]  # another seed, another state

@@ -4,7 +4,8 @@ over Bernoulli(p_i) participation draws (Monte Carlo, or exact enumeration for s
 FedVARP, FedVARP as a one-hot FedSteer, Remark 2) whose estimates are compared.
 
 Used by chapter 1 (unbiased vs normalised FedAvg, who makes the aggregate noisy) and chapter 3
-(Theorem 1 against Monte Carlo, Remark 2, the bias of the two orderings of Eq. 4).
+(Theorem 1 against Monte Carlo, its variances seed by seed, Remark 2, the bias of the two
+orderings of Eq. 4).
 """
 from __future__ import annotations
 
@@ -16,13 +17,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..experiments.config import MethodSpec, method
+from ..experiments.config import MethodSpec, RunConfig, method
+from ..projection import update_variance
+from ..simulator.engine import prepare
 from ..simulator.partition import rng
 from ..experiments.registry import make_strategy
 from ..strategy import ServerContext, State, Strategy
+from .snapshots import Trajectory, trajectory
+from .stats import tested_verdicts
+from .table_display import mean_std_text, readable_value
 
 __all__ = ["MC_STREAM", "MonteCarlo", "monte_carlo", "exact_moments", "aggregation_coefficients",
-           "variance_contributions", "estimator_table", "fedsteer_state", "fedvarp_state", "one_hot_fedsteer"]
+           "variance_contributions", "estimator_table", "theorem1_variances", "variance_by_seed", "variance_verdicts",
+           "fedsteer_state", "fedvarp_state", "one_hot_fedsteer"]
 
 MC_STREAM = 22  # the random stream of participation draws (see partition.rng)
 
@@ -150,8 +157,6 @@ def estimator_table(estimators: Sequence[tuple[str, Strategy, State, torch.Tenso
     Returns a table (estimator, closed_form, mc_variance, mc_variance_se, gap_in_se,
     gap_percent, relative_bias, relative_noise) and the MonteCarlo results by name.
     """
-    from ..projection import update_variance
-
     rows, results = [], {}
     for name, strategy, state, estimates in estimators:
         closed = update_variance(true, estimates, weights, probs)
@@ -162,6 +167,55 @@ def estimator_table(estimators: Sequence[tuple[str, Strategy, State, torch.Tenso
                      "gap_percent": 100.0 * abs(mc.variance - closed) / closed,
                      "relative_bias": mc.relative_bias, "relative_noise": mc.relative_noise})
     return pd.DataFrame(rows), results
+
+
+def theorem1_variances(traj: Trajectory) -> dict[str, float]:
+    """Theorem 1's closed-form variance (`projection.update_variance`, Eq. 4 with fixed
+    estimates) at a FedSteer trajectory's state, for the three estimates the server can hold:
+    unbiased FedAvg (g_hat_i = 0), FedVARP (g_hat_i = h_i, the last update client i sent) and
+    FedSteer (g_hat_i = Q_t s_i, its cached coordinates on the current basis)."""
+    weights, probs = traj.ctx.weights, traj.ctx.probs
+    estimates = {"unbiased FedAvg": torch.zeros_like(traj.true), "FedVARP": traj.memory,
+                 "FedSteer": traj.strategy.estimates(traj.state, traj.ctx)}
+    return {name: update_variance(traj.true, est, weights, probs) for name, est in estimates.items()}
+
+
+def variance_by_seed(configs: Sequence[RunConfig], rounds: int,
+                     known: dict[int, Trajectory] | None = None) -> pd.DataFrame:
+    """`theorem1_variances` seed by seed: for each FedSteer config (one per seed), its state after
+    the warm-up and `rounds` rounds (`snapshots.trajectory`; a seed in `known` reuses that
+    trajectory). One row per seed: the three variances and FedSteer's relative to each of the
+    other two (FedSteer / other - 1), whose spread over the seeds is the run-to-run variation."""
+    rows = []
+    for cfg in configs:
+        traj = (known or {}).get(cfg.seed) or trajectory(prepare(cfg), cfg.training, cfg.method, rounds, cfg.seed)
+        v = theorem1_variances(traj)
+        rows.append({"seed": cfg.seed, **v, "FedSteer vs unbiased FedAvg": v["FedSteer"] / v["unbiased FedAvg"] - 1,
+                     "FedSteer vs FedVARP": v["FedSteer"] / v["FedVARP"] - 1})
+    return pd.DataFrame(rows)
+
+
+def variance_verdicts(by_seed: pd.DataFrame, others: Sequence[str] = ("unbiased FedAvg", "FedVARP")) -> pd.DataFrame:
+    """Is FedSteer's Theorem 1 variance lower than each of `others`, beyond run-to-run variation?
+    `by_seed` is `variance_by_seed`'s table; FedSteer / other - 1 seed by seed is one family of
+    paired comparisons (`stats.tested_verdicts`: paired t-test, Holm's adjustment, a verdict only
+    from MIN_SEEDS_FOR_VERDICT seeds). One row per other estimator: n, the mean and std of the
+    relative difference over the seeds, the Holm-adjusted p, the verdict in words ("lower than",
+    "higher than" or "within run-to-run variation of" the other's variance; "not tested against"
+    with fewer seeds) and a sentence ending ("text") that states it with its numbers."""
+    columns = [f"FedSteer vs {other}" for other in others]
+    tests = tested_verdicts([by_seed[c].tolist() for c in columns])
+    words = {"FedSteer lower": "lower than", "FedSteer higher": "higher than",
+             "no clear difference": "within run-to-run variation of"}
+    rows = []
+    for other, col, (_, t) in zip(others, columns, tests.iterrows()):
+        std = float(by_seed[col].std(ddof=1)) if len(by_seed) > 1 else float("nan")
+        word = words.get(t["verdict"], f"not tested against ({t['verdict']})")
+        p_text = f", Holm-adjusted p = {readable_value(t['p_holm'])}" if t["p_holm"] == t["p_holm"] else ""
+        rows.append({"other": other, "n": int(t["n"]), "mean": t["mean"], "std": std, "p_holm": t["p_holm"],
+                     "verdict": word, "text": f"{word} {other}'s (FedSteer / {other} − 1 = "
+                                               f"{mean_std_text(t['mean'], std, int(t['n']))}{p_text})"})
+    return pd.DataFrame(rows)
 
 
 def fedsteer_state(spec: MethodSpec, ctx: ServerContext, stale: torch.Tensor) -> tuple[Strategy, State]:

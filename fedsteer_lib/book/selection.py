@@ -20,7 +20,8 @@ from ..experiments.config import RunConfig
 from ..coreset import SwapTrace, exhaustive_best, greedy_swap, objective_from_gram
 
 __all__ = ["WarmupRecord", "warmup_record", "gram_factor", "total_energy", "relative_objective",
-           "random_core_objectives", "swap_trace_table", "selection_comparison", "exhaustive_comparison"]
+           "random_core_objectives", "swap_trace_table", "selection_comparison", "selection_summary",
+           "exhaustive_comparison"]
 
 
 @dataclass
@@ -195,6 +196,25 @@ def selection_comparison(grams: Sequence[torch.Tensor], weights: torch.Tensor, k
             j = objective_from_gram(last, core, weights, lam)
             rows.append({"draw": draw, "selection": name, "k": k, "lam": lam, "J": j,
                          "relative_J": j / energy, "swaps": swaps})
+    return pd.DataFrame(rows)
+
+
+def selection_summary(comparison: pd.DataFrame) -> pd.DataFrame:
+    """One row per core size of `selection_comparison`'s table: the median relative J of random,
+    greedy and subsampled core sets (and greedy run to convergence where it was run: NaN
+    otherwise), greedy's reduction against random (%), the share of that reduction the
+    subsampled search keeps (%), the draws in which greedy beats subsampled, and the share of
+    greedy's J that swapping to convergence still removes (%)."""
+    wide = comparison.pivot_table(index=["k", "draw"], columns="selection", values="relative_J")
+    rows = []
+    for k, w in wide.groupby(level="k"):
+        g, r, s = w["greedy"].median(), w["random"].median(), w["subsampled"].median()
+        c = w["greedy (converged)"].median() if "greedy (converged)" in w and w["greedy (converged)"].notna().all() \
+            else float("nan")
+        rows.append({"k": int(k), "random": r, "greedy": g, "subsampled": s, "greedy (converged)": c,
+                     "greedy_reduction_pct": 100 * (1 - g / r), "subsampled_keeps_pct": 100 * (r - s) / (r - g),
+                     "greedy_beats_subsampled": int((w["greedy"] < w["subsampled"]).sum()), "draws": len(w),
+                     "budget_leaves_pct": 100 * (g - c) / g})
     return pd.DataFrame(rows)
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from .methods import method_order, method_specs, roles, table_name
 from .paper import NUM_CLASSES
+from .table_display import mean_std_text
 
 __all__ = ["summarize", "format_pct", "collapse_counts", "with_core_lambda", "paired_comparison", "family_verdicts",
            "coreset_lambda_table", "coreset_lambda_pairs", "paper_agreement", "comparisons_display", "describe_verdicts",
@@ -181,23 +182,20 @@ def paper_agreement(fig5: pd.DataFrame) -> list[str]:
     return out
 
 
-def _mean_std(mean: float, std: float, decimals: int = 3) -> str:
-    if mean != mean:
-        return "—"
-    return f"{mean:.{decimals}f}" + ("" if std != std else f" ± {std:.{decimals}f}")
-
-
 def comparisons_display(family: pd.DataFrame) -> pd.DataFrame:
     """`family_verdicts` rows for reading: γ, comparison, n, a and b (mean ± std), a − b (mean ±
-    std of the paired differences), seeds a wins, the Holm-adjusted p and the verdict; three
-    decimals, "—" where there is no number. Hide the index when showing it."""
+    std of the paired differences, `table_display.mean_std_text`), seeds a wins, the Holm-adjusted
+    p and the verdict; three significant digits, "—" where there is no number. Hide the index
+    when showing it."""
     rows = []
     for _, r in family.iterrows():
         a, b = r["pair"]
-        d = np.asarray(r["differences"], dtype=float)
-        rows.append({"γ": f"{r['gamma']:g}", "comparison (a vs b)": r["comparison"], "n": int(r["n"]),
-                     "a": _mean_std(r[a], r["std a"]), "b": _mean_std(r[b], r["std b"]),
-                     "a − b": _mean_std(float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else float("nan")),
+        d, n = np.asarray(r["differences"], dtype=float), int(r["n"])
+        rows.append({"γ": f"{r['gamma']:g}", "comparison (a vs b)": r["comparison"], "n": n,
+                     "a": mean_std_text(r[a], r["std a"], n, with_n=False),
+                     "b": mean_std_text(r[b], r["std b"], n, with_n=False),
+                     "a − b": mean_std_text(float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else float("nan"), n,
+                                            with_n=False),
                      "a wins": r["wins"], "p (Holm)": "—" if r["p_holm"] != r["p_holm"] else f"{r['p_holm']:.3f}",
                      "verdict": r["verdict"]})
     return pd.DataFrame(rows)

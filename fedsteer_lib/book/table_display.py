@@ -44,11 +44,14 @@ def readable_value(value: Any, digits: int = 3) -> str:
     return text
 
 
-def mean_std_text(mean: float, std: float, n: int, digits: int = 3) -> str:
+def mean_std_text(mean: float, std: float, n: int, digits: int = 3, *, with_n: bool = True) -> str:
     """"mean ± std (n = …)" with both numbers to `digits` significant digits; the std is "—" when
-    n < 2."""
+    n < 2 or it is missing, the whole cell "—" when the mean is. Without " (n = …)" when not
+    `with_n` (a table with its own n column)."""
+    if mean is None or mean != mean:
+        return MISSING
     spread = readable_value(std, digits) if n >= 2 else MISSING
-    return f"{readable_value(mean, digits)} ± {spread} (n = {n})"
+    return f"{readable_value(mean, digits)} ± {spread}" + (f" (n = {n})" if with_n else "")
 
 
 def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False, uuid: str | None = None) -> Styler:

@@ -23,30 +23,32 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..methods import BASELINES
-from .style import column_figure, fit_to_column
+from .style import column_figure, fit_to_column, highlight_colours
 
-__all__ = ["role_highlight_colours", "role_legend_names", "cadence_curve", "plot_accuracy_by_gamma", "plot_convergence",
+__all__ = ["role_legend_names", "cadence_curve", "plot_accuracy_by_gamma", "plot_convergence",
            "plot_table1_bars", "plot_coreset_lambda"]
 
 _MUTED = "#a3a3a3"
-_COLOURS = {"fedsteer": "#D55E00", "fedavg": "#0072B2", "best": "#009E73"}
 
 
-def role_highlight_colours(t1_gamma: pd.DataFrame) -> dict[str, str]:
-    """Role -> colour for the roles drawn in colour at one gamma (`t1_gamma`: Table 1's rows of
-    that gamma): FedSteer, FedAvg and the best baseline (best mean among `BASELINES`)."""
-    out = {r: c for r, c in _COLOURS.items() if r in set(t1_gamma["role"])}
+def _best_baseline(t1_gamma: pd.DataFrame) -> str | None:
+    """The role of the best baseline at one gamma (`t1_gamma`: Table 1's rows of that gamma):
+    the best mean among `BASELINES`, None when none has a mean."""
     base = t1_gamma[t1_gamma["role"].isin(BASELINES) & t1_gamma["mean"].notna()]
-    if not base.empty:
-        best = base.loc[base["mean"].idxmax(), "role"]
-        out.setdefault(best, _COLOURS["best"])
-    return out
+    return None if base.empty else base.loc[base["mean"].idxmax(), "role"]
+
+
+def _role_colours(t1_gamma: pd.DataFrame) -> dict[str, tuple]:
+    """Role -> colour for the roles drawn in colour at one gamma (`style.highlight_colours`):
+    FedSteer, FedAvg and the best baseline; the other roles are drawn grey."""
+    best = _best_baseline(t1_gamma)
+    return highlight_colours([r for r in t1_gamma["role"] if r in ("fedsteer", "fedavg", best)], best)
 
 
 def role_legend_names(t1_gamma: pd.DataFrame) -> dict[str, str]:
     """Role -> its name in a panel's legend: Table 1's name, FedStale with the beta of that
     gamma, the best baseline marked as such."""
-    colours = role_highlight_colours(t1_gamma)
+    colours = _role_colours(t1_gamma)
     out = {}
     for _, row in t1_gamma.iterrows():
         name = f"FedStale (β={row['beta']:g})" if row["role"] == "fedstale" else row["method"]
@@ -80,9 +82,9 @@ def cadence_curve(history: pd.DataFrame, metric: str, eval_every: int) -> tuple[
 
 def _draw_panel(ax: plt.Axes, curves: pd.DataFrame, t1_gamma: pd.DataFrame, metric: str, eval_every: int,
                 bottom: bool) -> None:
-    """One panel: every Table 1 row of one gamma as a curve (colours per `role_highlight_colours`),
+    """One panel: every Table 1 row of one gamma as a curve (colours per `_role_colours`),
     with its collapse marks and its own legend under it (below the x axis' label if `bottom`)."""
-    colours, names = role_highlight_colours(t1_gamma), role_legend_names(t1_gamma)
+    colours, names = _role_colours(t1_gamma), role_legend_names(t1_gamma)
     handles, marks = [], []
     grey = False
     for _, row in t1_gamma.iterrows():
@@ -154,7 +156,7 @@ def plot_table1_bars(t1: pd.DataFrame, runs: pd.DataFrame, *, metric: str = "fin
     fig, axes = column_figure(len(gammas), 1, height=2.9 * len(gammas) + 0.4, sharex=True)
     for ax, gamma in zip(axes[:, 0], gammas):
         sub = t1[np.isclose(t1["gamma"], gamma)].iloc[::-1]
-        colours, names = role_highlight_colours(sub), role_legend_names(sub)
+        colours, names = _role_colours(sub), role_legend_names(sub)
         y = np.arange(len(sub))
         ax.barh(y, sub["mean"], color=[colours.get(r, _MUTED) for r in sub["role"]], alpha=0.85, height=0.7)
         at = runs[np.isclose(runs["gamma"], gamma)]

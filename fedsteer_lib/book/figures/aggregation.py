@@ -4,19 +4,20 @@ per estimator against Monte Carlo, the bias of the two orderings of Eq. 4, and t
 several choices of coordinates, from the tables of `fedsteer_lib.book.aggregation`."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..clients import GROUPS as _GROUPS
 from .style import CB as _cb
 from .style import GROUP_COLOURS
 
 __all__ = ["plot_effective_weights", "plot_error_distribution", "plot_variance_shares", "plot_variance_comparison",
-           "plot_bias", "plot_relative_variances"]
+           "plot_relative_by_seed", "plot_bias", "plot_relative_variances"]
 
 
 def plot_effective_weights(table: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
@@ -63,10 +64,10 @@ def plot_variance_shares(table: pd.DataFrame, ax: plt.Axes | None = None, value:
     return ax
 
 
-def plot_variance_comparison(table: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
+def plot_variance_comparison(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | None = None) -> plt.Axes:
     """Bars: Theorem 1's closed-form variance per estimator; dots with error bars: the
     Monte-Carlo estimate +- 2 standard errors where available. Columns: estimator,
-    closed_form, mc_variance (NaN if none), mc_variance_se."""
+    closed_form, mc_variance (NaN if none), mc_variance_se. No title unless `title`."""
     ax = ax or plt.gca()
     x = np.arange(len(table))
     ax.bar(x, table["closed_form"], color=_cb[0], alpha=0.7, label="Theorem 1 (closed form)")
@@ -74,14 +75,35 @@ def plot_variance_comparison(table: pd.DataFrame, ax: plt.Axes | None = None) ->
     ok = ~np.isnan(mc)
     ax.errorbar(x[ok], mc[ok], yerr=2 * table["mc_variance_se"].to_numpy(dtype=float)[ok], fmt="o", color="black",
                 capsize=4, label="Monte Carlo ± 2 SE")
-    ax.set_xticks(x, table["estimator"], rotation=20, ha="right")
+    ax.set_xticks(x, table["estimator"])
     ax.set_ylabel("E‖Δ − E[Δ]‖²")
-    ax.set_title("Variance of one round's aggregate")
-    ax.legend()
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="lower right")
     return ax
 
 
-def plot_bias(table: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
+def plot_relative_by_seed(table: pd.DataFrame, columns: Sequence[str], ax: plt.Axes | None = None, *,
+                          labels: Sequence[str] | None = None) -> plt.Axes:
+    """One column of dots per comparison (`columns` of `table`, one row per seed, e.g.
+    `aggregation.variance_by_seed`'s FedSteer / other - 1; tick `labels`, default the column
+    names): every seed a dot, the mean over seeds ± one standard deviation as a black diamond
+    with a bar, a line at 0 (no difference)."""
+    ax = ax or plt.gca()
+    for j, col in enumerate(columns):
+        v = table[col].to_numpy(dtype=float)
+        jitter = np.linspace(-0.12, 0.12, len(v)) if len(v) > 1 else np.zeros(1)
+        ax.scatter(j + jitter, v, s=22, color=_cb[j], alpha=0.8, edgecolor="none", zorder=3)
+        spread = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+        ax.errorbar([j + 0.3], [v.mean()], yerr=[spread], fmt="D", ms=5, color="black", capsize=4, zorder=4)
+    ax.axhline(0.0, color="black", lw=0.8, ls=":")
+    ax.set_xticks(range(len(columns)), list(labels or columns))
+    ax.set_xlim(-0.5, len(columns) - 0.3)
+    ax.set_ylabel("FedSteer / other − 1")
+    return ax
+
+
+def plot_bias(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | None = None) -> plt.Axes:
     """Relative bias ||E[Delta] - sum d_i g_i|| / ||sum d_i g_i|| per estimator (bars) and the
     level Monte-Carlo noise alone produces (4 x noise_norm, black ticks). Columns: estimator,
     relative_bias, relative_noise."""
@@ -93,12 +115,13 @@ def plot_bias(table: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_yscale("log")
     ax.set_xticks(x, table["estimator"])
     ax.set_ylabel("‖mean(Δ) − Σ d_i g_i‖ / ‖Σ d_i g_i‖")
-    ax.set_title("Bias of the two orderings of FedSteer")
+    if title:
+        ax.set_title(title)
     ax.legend(loc="center left")
     return ax
 
 
-def plot_relative_variances(table: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
+def plot_relative_variances(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | None = None) -> plt.Axes:
     """Horizontal bars of Theorem 1's variance relative to unbiased FedAvg for several choices
     of coordinates on the same cache. Columns: coordinates, subspace, relative_to_unbiased_FedAvg;
     rows whose coordinates mention 'oracle' are hatched."""
@@ -115,6 +138,10 @@ def plot_relative_variances(table: pd.DataFrame, ax: plt.Axes | None = None) -> 
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", lw=0.8, ls=":")
     ax.set_xscale("log")
-    ax.set_xlabel("Theorem 1 variance / variance of unbiased FedAvg (log scale)")
-    ax.set_title("Same cache, different coordinates (hatched: oracle, uses the current g_i)")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("variance / unbiased FedAvg's (log scale)")
+    if title:
+        ax.set_title(title)
     return ax

@@ -34,7 +34,9 @@ def plot_alignment(summary: pd.DataFrame, ax: plt.Axes | None = None, title: str
         xs = np.array([x[str(b)] for b in g["bin"]]) + off
         ax.errorbar(xs, g["mean"], yerr=g["se"].fillna(0.0), fmt="o-", capsize=3, lw=1.6,
                     color=_KIND_COLOURS.get(m), label=f"cos({m}, g_i)" if m != "difference" else "steered − stale")
-    ax.set_xticks(range(len(present)), present)
+    many = len(present) > 5  # long bin names side by side would overlap
+    ax.set_xticks(range(len(present)), present, rotation=45 if many else 0, ha="right" if many else "center",
+                  rotation_mode="anchor")
     ax.set_xlim(-0.5, len(present) - 0.5)
     ax.set_xlabel("staleness of client i (rounds)")
     if tuple(measures) == ("difference",):
@@ -44,7 +46,7 @@ def plot_alignment(summary: pd.DataFrame, ax: plt.Axes | None = None, title: str
     if "difference" in measures:
         ax.axhline(0.0, color="black", lw=0.8)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend()
     return ax
 
 

@@ -24,7 +24,7 @@ def plot_toy_subspace(ax, core: torch.Tensor, grad: torch.Tensor, recon: Mapping
                       title: str, stale: torch.Tensor | None = None):
     """A 3-D axes: the plane spanned by the two core vectors (Eq. 1), the core vectors, the
     client gradient g, its reconstructions Q s for the labels of `recon` and, if given, the
-    stale update h."""
+    stale update h; labelled arrows, no legend (draw one for the figure)."""
     core = core.double()
     a, b = core[0], core[1]
     u, v = np.meshgrid(np.linspace(-1.2, 1.2, 2), np.linspace(-1.2, 1.2, 2))
@@ -41,17 +41,14 @@ def plot_toy_subspace(ax, core: torch.Tensor, grad: torch.Tensor, recon: Mapping
     arrow(grad, (0.80, 0.10, 0.10), "client gradient g")
     if stale is not None:
         arrow(stale, _cb[7], "stale update h_i", ls="--")
-    for j, (label, vec) in enumerate(recon.items()):
+    first = 2 if stale is not None else 0  # the steered estimate (next to a stale h) in green, projections in blue/orange
+    for j, (label, vec) in enumerate(recon.items(), start=first):
         arrow(vec, _cb[j % 8 if j % 8 != 3 else 5], label, lw=1.6)
     lim = 1.1 * max(float(t.double().norm()) for t in [a, b, grad, *recon.values()])
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-lim, lim)
     ax.set_zlim(-lim, lim)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
-    ax.set_zlabel("z")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title)
     return ax
 
 
@@ -64,9 +61,9 @@ def plot_toy_rotation(table: pd.DataFrame, axes: Sequence[plt.Axes]) -> Sequence
                 label="steered Q_{t+k} s_i")
         ax.set_xlabel("angle the core turned (degrees)")
         ax.set_ylabel("cosine with the true gradient g'")
-        ax.set_title(f"client gradient {scenario}", fontsize=10)
+        ax.set_title(f"client gradient {scenario}")
         ax.set_ylim(-0.05, 1.05)
-        ax.legend(fontsize=8)
+        ax.legend()
     return axes
 
 
@@ -87,5 +84,5 @@ def plot_reconstruction(summary: pd.DataFrame, axes: Sequence[plt.Axes], value: 
         if value == "rel_error":
             ax.axhline(1.0, color="black", lw=0.8, ls=":")
         ax.set_title(f"λ = {lam:g}")
-        ax.legend(fontsize=8)
+        ax.legend()
     return axes

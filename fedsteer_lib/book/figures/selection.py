@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 import pandas as pd
 import seaborn as sns
 
@@ -31,15 +31,17 @@ def plot_swap_traces(trace: pd.DataFrame, ax: plt.Axes | None = None, *, value: 
             ax.axvline(g["step"].min() - 0.5, color="0.6", lw=0.8, ls="--")
     if random_reference is not None:
         ax.plot([], [], color="0.3", ls=":", label="median random core (same snapshot)")
-    ax.set_xlabel("step (initial core of each cycle, then one executed swap per step)")
-    ax.set_ylabel("J(X) / Σ d_i ||g_i||²" if value == "relative_J" else "J(X)")
-    ax.set_title(title or "Algorithm 3: J(X) through the greedy swaps and selection cycles")
-    ax.legend(fontsize=8, loc="center right")
+    ax.set_xlabel("step (each cycle: its initial core, then one step per executed swap)")
+    ax.set_ylabel("J(X) / Σ d_i ‖g_i‖²" if value == "relative_J" else "J(X)")
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="upper right")
     return ax
 
 
 def plot_selection_comparison(df: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | None = None) -> plt.Axes:
-    """Relative J on the last snapshot per selection rule (box + one dot per draw), one colour per k."""
+    """Relative J on the last snapshot per selection rule (box + one dot per draw), one colour per k;
+    no title unless `title` (the book's caption says what it shows)."""
     ax = ax or plt.gca()
     order = [s for s in ("random", "subsampled", "greedy", "greedy (converged)") if s in set(df["selection"])]
     data = df.assign(core=df["k"].map(lambda k: f"|X| = {k}"))
@@ -48,9 +50,10 @@ def plot_selection_comparison(df: pd.DataFrame, ax: plt.Axes | None = None, *, t
     sns.stripplot(data=data, x="selection", y="relative_J", hue="core", order=order, ax=ax, dodge=True, size=4,
                   legend=False)
     ax.set_xlabel("core-set selection")
-    ax.set_ylabel("J(X) / Σ d_i ||g_i||²  (last snapshot)")
-    ax.set_title(title or "Core sets compared by the objective J (lower is better)")
-    ax.legend(title="core size", fontsize=8)
+    ax.set_ylabel("J(X) / Σ d_i ‖g_i‖²")
+    if title:
+        ax.set_title(title)
+    ax.legend(title="core size")
     return ax
 
 
@@ -65,9 +68,12 @@ def plot_exhaustive(df: pd.DataFrame, ax: plt.Axes | None = None, *, title: str 
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("J of the exhaustive optimum")
     ax.set_ylabel("J of the selected core")
-    ax.set_title(title or "Greedy swaps vs exhaustive search")
-    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    ax.legend()
     return ax

@@ -63,6 +63,6 @@ def plot_memory_scaling(table: pd.DataFrame, model: str, ax: plt.Axes | None = N
     ax.set_xlabel("number of clients N")
     ax.set_ylabel("server state (bytes)")
     d = int(data["d"].iloc[0])
-    ax.set_title(title or f"Server memory, {model} (d = {d:,})")
-    ax.legend(fontsize=8)
+    ax.set_title(title or f"{model} (d = {d:,})")
+    ax.legend()
     return ax

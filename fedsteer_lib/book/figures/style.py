@@ -4,7 +4,7 @@ book's column (`COLUMN_WIDTH` inches wide, every text at least `MIN_FONT` points
 limits that a few outliers do not set."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -12,13 +12,16 @@ import seaborn as sns
 from matplotlib.text import Text
 
 __all__ = ["CB", "RED", "GROUP_COLOURS", "KIND_COLOURS", "COLUMN_WIDTH", "MIN_FONT", "column_figure",
-           "fit_to_column", "robust_limits", "symmetric_limit"]
+           "fit_to_column", "robust_limits", "symmetric_limit", "highlight_colours"]
 
 CB = sns.color_palette("colorblind", 8)
 RED = (0.80, 0.10, 0.10)
 # weak/rare (the clients the paper worries about) in a strong red, the others muted
 GROUP_COLOURS = {"weak/common": CB[0], "weak/rare": RED, "powerful/common": CB[2], "powerful/rare": CB[4]}
 KIND_COLOURS = {"stale h_i": CB[7], "steered Q_t s_i": RED, "difference": CB[0]}
+# the methods a results figure highlights: FedSteer's variants in shades of red, FedAvg in blue,
+# the best baseline in green (every other method is drawn muted)
+_FEDSTEER_SHADES = (RED, (0.95, 0.45, 0.35), (0.55, 0.05, 0.05))
 
 COLUMN_WIDTH = 6.4  # inches: the book's text column (about 690 px)
 # points: the smallest text a figure may show; 9 pt as displayed once a COLUMN_WIDTH figure at the
@@ -50,6 +53,21 @@ def fit_to_column(fig: plt.Figure) -> plt.Figure:
         if text.get_fontsize() < MIN_FONT:
             text.set_fontsize(MIN_FONT)
     return fig
+
+
+def highlight_colours(keys: Sequence[str], best: str | None = None) -> dict[str, tuple]:
+    """Colours of the methods a figure draws in colour, by label or Table 1 role: every key that
+    starts with 'fedsteer' in a shade of red (in the order given), 'fedavg' in blue and `best` (the
+    best baseline) in green. The other keys are not in the result: the figure draws them muted."""
+    out: dict[str, tuple] = {}
+    for key in keys:
+        if key.startswith("fedsteer"):
+            out[key] = _FEDSTEER_SHADES[sum(k.startswith("fedsteer") for k in out) % len(_FEDSTEER_SHADES)]
+        elif key == "fedavg":
+            out[key] = CB[0]
+        elif key == best:
+            out[key] = CB[2]
+    return out
 
 
 def robust_limits(values: Iterable[float] | np.ndarray, lower: float = 2.0, upper: float = 98.0) -> tuple[float, float]:

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 
 from ..methods import method_display, method_order, palette
-from .style import CB, COLUMN_WIDTH, RED, fit_to_column
+from .style import COLUMN_WIDTH, fit_to_column, highlight_colours
 
-__all__ = ["plot_variance_term", "highlight_colours", "plot_variance_term_panels"]
+__all__ = ["plot_variance_term", "plot_variance_term_panels"]
 
 _YLABELS = {"mse_to_mean": "E‖Δ_t − Σ d_i g_i‖²", "mc_variance": "E‖Δ_t − EΔ_t‖²",
             "relative_mse": "E‖Δ_t − Σ d_i g_i‖² / ‖Σ d_i g_i‖²"}
@@ -39,22 +39,13 @@ def plot_variance_term(table: pd.DataFrame, ax: plt.Axes | None = None, *, metri
     return ax
 
 
-def highlight_colours(labels: Sequence[str], best: str | None) -> dict[str, tuple]:
-    """FedSteer's variants in red shades, FedAvg (label 'fedavg') in blue, `best` (a baseline) in
-    green; every other label in a grey shade."""
+def _colours(labels: Sequence[str], best: str | None) -> dict[str, tuple]:
+    """`style.highlight_colours` for FedSteer, FedAvg and `best`; every other label in a grey shade."""
     greys = [(0.45, 0.45, 0.45), (0.62, 0.62, 0.62), (0.75, 0.75, 0.75)]
-    reds = [RED, (0.95, 0.45, 0.35), (0.55, 0.05, 0.05)]
-    out, n_red, n_grey = {}, 0, 0
-    for label in method_order(labels):
-        if label.startswith("fedsteer"):
-            out[label], n_red = reds[n_red % len(reds)], n_red + 1
-        elif label == "fedavg":
-            out[label] = CB[0]
-        elif label == best:
-            out[label] = CB[2]
-        else:
-            out[label], n_grey = greys[n_grey % len(greys)], n_grey + 1
-    return out
+    ordered = method_order(labels)
+    colours = highlight_colours(ordered, best)
+    muted = [label for label in ordered if label not in colours]
+    return {label: colours.get(label) or greys[muted.index(label) % len(greys)] for label in ordered}
 
 
 def plot_variance_term_panels(table: pd.DataFrame, best: dict[float, str] | None = None) -> plt.Figure:
@@ -65,7 +56,7 @@ def plot_variance_term_panels(table: pd.DataFrame, best: dict[float, str] | None
     fig = plt.figure(figsize=(COLUMN_WIDTH, 3.9 * len(gammas)), layout="constrained")
     for sub, gamma in zip(np.atleast_1d(fig.subfigures(len(gammas), 1)), gammas):
         g = table[table["gamma"] == gamma]
-        colours = highlight_colours(g["label"].unique(), (best or {}).get(gamma))
+        colours = _colours(g["label"].unique(), (best or {}).get(gamma))
         axes = sub.subplots(1, 2)
         plot_variance_term(g, axes[0], metric="mse_to_mean", title=f"term (b), γ = {gamma}", colours=colours)
         plot_variance_term(g, axes[1], metric="relative_mse", title=f"relative to ‖Σ d_i g_i‖², γ = {gamma}",
