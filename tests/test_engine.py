@@ -203,3 +203,66 @@ def test_the_engine_names_no_method():
         code = re.sub(r'""".*?"""', "", code, flags=re.S)  # docstrings may explain
         found = sorted(w for w in words if re.search(rf"(?<![.\w]){w}\b", code, flags=re.I))
         assert not found, f"{module} names {found}"
+
+
+def test_default_batch_stream_keeps_every_committed_result_key():
+    """`batch_stream` was added later: at its default ("shared") it is left out of the key, so the
+    default config's key (computed before the field existed) and every committed result's stand."""
+    import json
+    from pathlib import Path
+
+    assert RunConfig().key() == "2572fedaa22cbd10"
+    runs_dir = Path(__file__).resolve().parent.parent / "data" / "results" / "runs"
+    stored = [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))[:40]]
+    assert stored and all("batch_stream" not in r["config"] for r in stored)
+    for r in stored:
+        assert RunConfig.from_dict(r["config"]).key() == r["key"]
+    per_client = RunConfig.from_dict(stored[0]["config"]).replace(batch_stream="per_client")
+    assert per_client.key() != stored[0]["key"]
+    assert RunConfig.from_dict(per_client.to_dict()) == per_client
+
+
+def test_bad_batch_stream_is_named():
+    from fedsteer_lib.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match="batch_stream must be one of"):
+        RunConfig(batch_stream="per_round").validate()
+
+
+def test_per_client_stream_is_deterministic_and_ignores_the_other_clients(sim):
+    """A client's update under the per_client stream depends on (seed, round, client) only:
+    training it alone, after other clients, or in another order gives the same bits."""
+    from fedsteer_lib.simulator.engine import _BATCHES, client_generator, client_updates
+
+    cfg = _config("fedavg")
+    w = sim.initial_weights
+    gen = lambda i: client_generator(cfg.seed, _BATCHES, 3, i)  # noqa: E731
+    together, _, _ = client_updates(sim, cfg.training, w, [2, 5, 7], gen)
+    reordered, _, _ = client_updates(sim, cfg.training, w, [7, 2, 5], gen)
+    alone, _, _ = client_updates(sim, cfg.training, w, [5], gen)
+    assert torch.equal(together[1], alone[0])
+    assert torch.equal(together[0], reordered[1]) and torch.equal(together[2], reordered[0])
+    other_round, _, _ = client_updates(sim, cfg.training, w, [5], lambda i: client_generator(cfg.seed, _BATCHES, 4, i))
+    assert not torch.equal(alone[0], other_round[0])
+    sim.client_batch = 2  # the vectorised path draws each client's batches from its own generator too
+    try:
+        batched, _, _ = client_updates(sim, cfg.training, w, [7, 2, 5], gen)
+    finally:
+        sim.client_batch = 1
+    tolerance = 1e-3 * float(reordered.abs().max())  # rounding (other kernels, see local_train_batch)
+    assert float((batched - reordered).abs().max()) <= tolerance
+    assert float((alone[0] - other_round[0]).abs().max()) > 10 * tolerance  # other batches: far off
+    # the shared stream does depend on who trained first
+    shared_first, _, _ = client_updates(sim, cfg.training, w, [5], torch.Generator().manual_seed(0))
+    shared_second, _, _ = client_updates(sim, cfg.training, w, [2, 5], torch.Generator().manual_seed(0))
+    assert not torch.equal(shared_first[0], shared_second[1])
+
+
+def test_per_client_stream_runs_are_reproducible_and_differ_from_shared(sim):
+    cfg = _config("fedsteer", rounds=3).replace(batch_stream="per_client")
+    a = run(cfg, progress=False, sim=sim)
+    b = run(cfg, progress=False)
+    assert repr(a.history) == repr(b.history)
+    shared = run(cfg.replace(batch_stream="shared"), progress=False, sim=sim)
+    assert a.extras["participation"] == shared.extras["participation"]
+    assert repr(a.history[1:]) != repr(shared.history[1:])

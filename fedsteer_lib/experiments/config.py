@@ -27,7 +27,7 @@ from .registry import METHODS as REGISTRY
 __all__ = [
     "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHODS", "PROFILES",
     "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile", "LATE_DEFAULTS",
-    "framework_methods", "regime_methods", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
+    "framework_methods", "regime_methods", "BATCH_STREAMS", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
 ]
 
 
@@ -80,6 +80,8 @@ def method(name: str, **params: Any) -> MethodSpec:
     return MethodSpec(name, tuple(sorted({**METHODS[name], **params}.items())))
 
 
+BATCH_STREAMS = ("shared", "per_client")  # RunConfig.batch_stream's values
+
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     # core set size |X| and lambda of paper §4.2; EMNIST split is our choice (the paper is silent)
     "fmnist": {"core_size": 40, "lam": 0.5},
@@ -102,12 +104,19 @@ class RunConfig:
     emnist_split: str = "balanced"
     device: str = "cpu"
     client_batch: int = 1  # execution only: > 1 trains up to this many clients at once (for GPUs)
+    # Where the local minibatch orders come from (part of the result, left out of the key at
+    # its default so that earlier results keep their names). "shared": one torch generator per
+    # run, consumed client after client, so a client's batches depend on who trained before it
+    # in the round. "per_client": every (seed, purpose, round, client) gets its own generator
+    # (`engine.client_generator`), so a client can train alone, as in Flower (fedsteer_lib.flower).
+    batch_stream: str = "shared"
 
     def validate(self) -> "RunConfig":
         check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
         check(isinstance(self.client_batch, int) and self.client_batch >= 1, "client_batch", "an integer >= 1",
                self.client_batch)
         check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
+        check(self.batch_stream in BATCH_STREAMS, "batch_stream", f"one of {list(BATCH_STREAMS)}", self.batch_stream)
         self.system.validate()
         self.training.validate()
         self.diagnostics.validate()
@@ -120,6 +129,8 @@ class RunConfig:
         if not with_device:  # how a run was executed is provenance, not part of its identity
             d.pop("device")
             d.pop("client_batch")
+            if d["batch_stream"] == "shared":  # added later: at its default, earlier configs and keys stand
+                d.pop("batch_stream")
         return d
 
     def key(self) -> str:

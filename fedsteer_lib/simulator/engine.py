@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from .training import FlatModel, can_batch, evaluate, local_train, local_train_b
 if TYPE_CHECKING:  # the engine only reads a run's settings; the experiments build them
     from ..experiments.config import RunConfig
 
-__all__ = ["SimData", "prepare", "run", "RunResult", "client_updates"]
+__all__ = ["SimData", "prepare", "run", "RunResult", "client_updates", "client_generator"]
 
 # Named torch random streams (see partition.rng for the numpy ones).
 _BATCHES, _WARMUP, _PROBE, _FORCED = 6, 7, 8, 9
@@ -36,6 +36,26 @@ _BATCHES, _WARMUP, _PROBE, _FORCED = 6, 7, 8, 9
 
 def _torch_gen(seed: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(rng(seed, stream).integers(2**62)))
+
+
+def client_generator(seed: int, stream: int, round_idx: int, client: int) -> torch.Generator:
+    """The "per_client" batch stream (`RunConfig.batch_stream`): client `client`'s own torch
+    generator for round (or warm-up cycle) `round_idx` of the named `stream` (_BATCHES,
+    _WARMUP, _PROBE, _FORCED), seeded from numpy's SeedSequence of (seed, stream, round_idx,
+    client). It depends on nothing else, so a client training alone (a Flower client) draws
+    the same minibatches as the engine, whichever other clients train in that round."""
+    words = np.random.SeedSequence([seed, stream, round_idx, client]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed((int(words[0]) << 30) ^ int(words[1]))
+
+
+Generators = torch.Generator | Callable[[int], torch.Generator]  # shared, or one per client
+
+
+def _stream(config: RunConfig, shared: torch.Generator, stream: int, round_idx: int) -> Generators:
+    """The generator(s) of one round's local training under `config.batch_stream`."""
+    if config.batch_stream == "per_client":
+        return lambda client: client_generator(config.seed, stream, round_idx, client)
+    return shared
 
 
 @dataclass
@@ -88,13 +108,15 @@ def prepare(config: RunConfig, data_root: str | None = None) -> SimData:
 
 
 def client_updates(sim: SimData, training: Training, weights: torch.Tensor, clients: list[int],
-                   generator: torch.Generator, strategy: Strategy | None = None, state: Any = None):
+                   generator: Generators, strategy: Strategy | None = None, state: Any = None):
     """Local training of `clients` from `weights` with the `training` settings;
-    returns (updates (m, d), steps (m,), losses). With `sim.client_batch` > 1 (and a model
-    without BatchNorm) the clients are trained in vectorised groups of that size: the same
-    minibatches, equal up to floating-point rounding."""
+    returns (updates (m, d), steps (m,), losses). `generator` draws the minibatch orders: one
+    generator shared by the clients in turn, or a function giving client i its own.
+    With `sim.client_batch` > 1 (and a model without BatchNorm) the clients are trained in
+    vectorised groups of that size: the same minibatches, equal up to floating-point rounding."""
     tr = training
-    kw = dict(epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.client_lr, generator=generator)
+    gen = (lambda i: generator) if isinstance(generator, torch.Generator) else generator
+    kw = dict(epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.client_lr)
 
     def spec(i: int) -> LocalSpec | None:  # made when needed: SCAFFOLD's holds a d-sized correction
         return strategy.local_spec(state, i) if strategy is not None else None
@@ -104,10 +126,10 @@ def client_updates(sim: SimData, training: Training, weights: torch.Tensor, clie
         for first in range(0, len(clients), sim.client_batch):
             group = clients[first: first + sim.client_batch]
             results += local_train_batch(sim.flat_model, weights, [(sim.client_images[i], sim.client_labels[i]) for i in group],
-                                         specs=[spec(i) for i in group], **kw)
+                                         specs=[spec(i) for i in group], generator=[gen(i) for i in group], **kw)
     else:
-        results = [local_train(sim.flat_model, weights, sim.client_images[i], sim.client_labels[i], spec=spec(i), **kw)
-                   for i in clients]
+        results = [local_train(sim.flat_model, weights, sim.client_images[i], sim.client_labels[i], spec=spec(i),
+                               generator=gen(i), **kw) for i in clients]
     updates = [r.update for r in results]
     steps = [r.num_steps for r in results]
     losses = [r.final_loss for r in results]
@@ -130,12 +152,12 @@ def _warmup(sim: SimData, config: RunConfig, strategy: Strategy, state: dict, ct
     """Paper §2.4: T0 selection cycles at a fixed model, each followed by a full-participation
     step. Returns its wall time. The caller restarts training from the initial weights."""
     tr = config.training
-    gen = _torch_gen(config.seed, _WARMUP)
+    shared = _torch_gen(config.seed, _WARMUP)
     weights = sim.initial_weights.clone()
     start = time.perf_counter()
     cycles = strategy.warmup_cycles
     for cycle in tqdm(range(cycles), desc="warm-up", disable=not progress, leave=False):
-        grads, _, _ = client_updates(sim, tr, weights, list(range(ctx.num_clients)), gen)
+        grads, _, _ = client_updates(sim, tr, weights, list(range(ctx.num_clients)), _stream(config, shared, _WARMUP, cycle))
         strategy.warmup_snapshot(state, ctx, grads, cycle, last=cycle == cycles - 1)
         weights = weights - tr.server_lr * (ctx.weights @ grads)
     return time.perf_counter() - start
@@ -198,11 +220,13 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
     tr, diag = config.training, config.diagnostics
     rec.participation.append(active_ids)
     with rec.phase("client"):
-        updates, steps, losses = client_updates(sim, tr, weights, active_ids, streams["batches"], strategy, state)
+        updates, steps, losses = client_updates(sim, tr, weights, active_ids, _stream(config, streams["batches"], _BATCHES, t),
+                                                strategy, state)
     active = torch.tensor(active_ids, dtype=torch.long, device=ctx.device)
     if diag.probe_every and t % diag.probe_every == 0:
         with rec.phase("probe"):
-            true, _, _ = client_updates(sim, tr, weights, list(range(ctx.num_clients)), streams["probe"], strategy, state)
+            true, _, _ = client_updates(sim, tr, weights, list(range(ctx.num_clients)),
+                                        _stream(config, streams["probe"], _PROBE, t), strategy, state)
             rec.probes.extend(probe_rows(true, strategy, state, ctx, t, rec.last_seen, rec.memory,
                                          diag.probe_mc_samples, streams["probe_draws"].random))
     with rec.phase("server"):
@@ -226,7 +250,7 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
     forced = sorted(set(strategy.forced_clients(state, ctx, t)) - set(active_ids))
     if forced:  # updates at w_t that the strategy observes but never aggregates
         with rec.phase("forced"):
-            extra, _, _ = client_updates(sim, tr, weights, forced, streams["forced"], strategy, state)
+            extra, _, _ = client_updates(sim, tr, weights, forced, _stream(config, streams["forced"], _FORCED, t), strategy, state)
             strategy.observe(state, ctx, torch.tensor(forced, dtype=torch.long, device=ctx.device), extra, t)
     row = {"round": t + 1, "num_active": len(active_ids), "accuracy": float("nan"), "loss": float("nan"),
            "train_loss": float(np.mean(losses)) if losses else float("nan"), "update_norm": float(delta.norm())}

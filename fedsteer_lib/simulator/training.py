@@ -123,14 +123,15 @@ def local_train_batch(
     epochs: int,
     batch_size: int,
     lr: float,
-    generator: torch.Generator,
+    generator: torch.Generator | list[torch.Generator],
     specs: list[LocalSpec | None] | None = None,
 ) -> list[ClientResult]:
     """`local_train` for several clients at once, as one vectorised model (`torch.func.vmap`).
 
     The same computation as calling `local_train` client after client with the same
     `generator`: the minibatch orders are drawn in the same sequence, client by client, so a
-    seed gives the same batches. Clients with fewer samples take fewer steps (their later
+    seed gives the same batches (`generator` may also be one generator per client, the
+    engine's "per_client" batch stream). Clients with fewer samples take fewer steps (their later
     steps are masked out) and a short last minibatch is padded and masked, so every step is
     the mean loss over the client's real samples. It computes in the default memory format
     (not channels_last), so its kernels, and hence its rounding, differ: it agrees with the
@@ -150,6 +151,7 @@ def local_train_batch(
     if not data:
         return []
     specs = [s or LocalSpec() for s in specs]
+    generators = generator if isinstance(generator, list) else [generator] * len(data)
     model, device = flat_model.model, global_weights.device
     names = [name for name, _ in model.named_parameters()]
     clients = len(data)
@@ -161,10 +163,10 @@ def local_train_batch(
     offsets = torch.tensor([0] + sizes[:-1]).cumsum(0).tolist()
     index = torch.zeros(total, clients, batch_size, dtype=torch.long)
     mask = torch.zeros(total, clients, batch_size)
-    for c, (n, off) in enumerate(zip(sizes, offsets)):
+    for c, (n, off, gen) in enumerate(zip(sizes, offsets, generators)):
         step = 0
         for _ in range(epochs):
-            order = torch.randperm(n, generator=generator)
+            order = torch.randperm(n, generator=gen)
             for start in range(0, n, batch_size):
                 idx = order[start: start + batch_size]
                 index[step, c, : idx.numel()] = idx + off
