@@ -44,8 +44,19 @@ def engine_models(config: RunConfig, sim) -> list[torch.Tensor]:
     return models
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread for this module's engine runs and Flower's server (in this process), as
+    Flower's clients have (Ray runs each with OMP_NUM_THREADS = its one CPU): float sums, and so
+    the last bits of a model, depend on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def flower_runs():
+def flower_runs(one_thread):
     spec = importlib.util.spec_from_file_location("flower_app", ROOT / "examples" / "flower_app.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

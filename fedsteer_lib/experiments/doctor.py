@@ -106,7 +106,7 @@ def _pins() -> dict[str, str]:
         line = line.split("#")[0].strip()
         if "==" in line:
             name, version = line.split("==")
-            pins[name.strip()] = version.strip()
+            pins[name.split("[")[0].strip()] = version.strip()  # flwr[simulation] is the distribution flwr
     return pins
 
 
