@@ -79,6 +79,7 @@ def test_regime_summary_gains_and_the_calibrated_cell():
     text = conv.describe_calibrated_cell(summary, final, 5, 272)
     assert text.startswith("The rule picks client lr 0.01, E = 1: unbiased FedAvg 0.450 over 3 seeds (the paper: 0.509)")
     assert "5 of 272 runs computed so far" in text
+    assert conv.describe_calibrated_cell(summary, final, 272, 272).endswith("every seed and γ: all 272 runs are in.")
     assert conv.describe_calibrated_cell(summary[summary["role"] != "fedavg_unbiased"], None, 0, 0).startswith("No cell")
 
 
@@ -136,3 +137,43 @@ def test_server_step_table_chooses_only_complete_methods():
     assert t.loc["FedSteer", "η_s = 1"] == "—" and t.loc["FedSteer", "chosen η_s"] == "—"  # gamma 0.9 missing
     assert list(conv.server_step_table(runs.iloc[0:0], (0.5, 1.0)).columns) == ["method", "η_s = 0.5", "η_s = 1",
                                                                                   "chosen η_s"]
+
+
+def test_own_step_runs_take_each_method_at_its_chosen_step():
+    from fedsteer_lib.experiments.config import method
+
+    choices = {method("fedavg_unbiased"): 0.25, method("fedsteer", core_size=40, lam=0.5): 1.0,
+               method("fedstale", beta=0.7): 1.0}
+    frozen = pd.DataFrame([(role, beta, 1.0, gamma, seed, acc, False)
+                           for gamma in (0.7, 0.9) for seed in (0, 1)
+                           for role, beta, acc in (("fedavg_unbiased", np.nan, 0.50), ("fedsteer", np.nan, 0.70),
+                                                   ("fedstale", 0.7, 0.60), ("fedstale", 0.9, 0.65))],
+                          columns=["role", "beta", "server_lr", "gamma", "seed", "final_accuracy", "collapsed"])
+    reruns = pd.DataFrame([("fedavg_unbiased", np.nan, 0.25, gamma, seed, 0.80 + 0.01 * seed, seed == 1)
+                           for gamma in (0.7, 0.9) for seed in (0, 1)], columns=frozen.columns)
+    at_one, own = conv.own_step_runs(frozen, reruns, choices, "fmnist")
+    assert sorted(at_one.groupby("role")["final_accuracy"].mean().round(3).items()) == [
+        ("fedavg_unbiased", 0.5), ("fedstale", 0.6), ("fedsteer", 0.7)]  # FedStale at beta 0.7 only
+    assert sorted(own.groupby("role")["final_accuracy"].mean().round(3).items()) == [
+        ("fedavg_unbiased", 0.805), ("fedstale", 0.6), ("fedsteer", 0.7)]
+    table = conv.own_step_display(at_one, own, choices, "fmnist").set_index(["γ", "method"])
+    row = table.loc[("0.9", "FedAvg (unbiased)")]
+    assert row["its η_s"] == "0.25" and row["at η_s = 1"] == "0.500 ± 0.000"
+    assert row["at its η_s"] == "0.805 ± 0.007 (1 of 2 collapsed)"
+    gains = conv.paired_gains(own).set_index(["gamma", "convention", "fedsteer"])
+    assert gains.loc[(0.9, "framework", "FedSteer"), "best_baseline"] == "FedAvg (unbiased)"
+    assert gains.loc[(0.9, "framework", "FedSteer"), "gain"] == pytest.approx(-0.105)
+    # before the search is complete: nothing, and the sentence says so
+    empty_one, empty_own = conv.own_step_runs(frozen, reruns.iloc[0:0], None, "fmnist")
+    assert empty_one.empty and empty_own.empty and conv.own_step_display(empty_one, empty_own, None).empty
+    assert conv.describe_own_steps(None, 0).startswith("The search is not complete")
+    text = conv.describe_own_steps(choices, 16, "fmnist")
+    assert text.startswith("2 of 3 methods keep η_s = 1 (FedSteer, FedStale (β = 0.7)); FedAvg (unbiased) gets η_s = 0.25.")
+    assert "FedAvg (unbiased) gets η_s = 0.25" in text and "16 of their runs are still being computed" in text
+    assert conv.describe_own_steps(choices, 0, "fmnist").endswith("every seed and γ of Table 1.")
+
+
+def test_open_groups_sentence():
+    assert conv.describe_open_groups({"a": 0, "b": 0}).startswith("Every run of this chapter's groups is in")
+    text = conv.describe_open_groups({"the map": 3, "the search": 0, "the reruns": 1})
+    assert text.startswith("Still being computed: the map: 3 runs; the reruns: 1 run.")

@@ -181,3 +181,25 @@ def test_the_calibrated_point_follows_the_rule_once_the_map_has_every_unbiased_f
     assert sorted(quick) == sorted(["fedavg", "fedavg_unbiased", "mifa(start=wait_all)",
                                     "fedsteer", "fedsteer(ordering=as_written)"])  # the quick profile's five
     assert {(c.training.client_lr, c.training.local_epochs) for c in configs} == {(0.1, 1)}
+
+
+def test_own_step_grid_reruns_the_methods_whose_chosen_step_is_not_the_frozen_one(tmp_path):
+    from fedsteer_lib.experiments.groups import own_step_grid, server_step_choices
+    from fedsteer_lib.experiments.results import save_run
+    from fedsteer_lib.simulator.engine import RunResult
+
+    search = server_step_grid("fmnist", "quick")  # FedAvg (unbiased) and FedSteer at eta_s 0.5 and 1
+    assert server_step_choices("fmnist", "quick", tmp_path) is None and own_step_grid("fmnist", "quick", root=tmp_path) == []
+    accuracy = {("fedavg_unbiased", 0.5): 0.7, ("fedavg_unbiased", 1.0): 0.6, ("fedsteer", 0.5): 0.6, ("fedsteer", 1.0): 0.6}
+    for i, c in enumerate(search):
+        acc = accuracy[(label_without_warmup(c.method), c.training.server_lr)]
+        save_run(RunResult(config=c.to_dict(), history=[], extras={},
+                           summary={"final_accuracy": acc, "mean_last_accuracy": acc, "final_loss": 1.0, "collapsed": False,
+                                    "collapse_round": None, "server_memory_bytes": 0, "wall_time": 1.0}), c, tmp_path)
+        assert (server_step_choices("fmnist", "quick", tmp_path) is None) == (i < len(search) - 1)
+    choices = {label_without_warmup(m): lr for m, lr in server_step_choices("fmnist", "quick", tmp_path).items()}
+    assert choices == {"fedavg_unbiased": 0.5, "fedsteer": 1.0}  # FedSteer's tie goes to the frozen step
+    reruns = own_step_grid("fmnist", "quick", root=tmp_path)
+    assert [(label_without_warmup(c.method), c.training.server_lr, c.system.validation_size) for c in reruns] == [
+        ("fedavg_unbiased", 0.5, 0)]  # on the test split, every seed and gamma of the profile
+    assert {(c.seed, c.system.gamma) for c in reruns} == {(0, 0.9)}

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from ..experiments import tuning
-from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, SERVER_LRS, RunConfig
+from ..experiments.config import (CALIBRATION_TARGET, DATASET_DEFAULTS, SERVER_LRS, SERVER_STEP_FEDSTALE_BETA, TUNED,
+                                  MethodSpec, RunConfig)
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import runs_table
 from .paper import HEADLINE_FEDSTEER, paper_value_for
@@ -21,7 +22,8 @@ from .stats import tested_verdicts
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
            "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell",
            "describe_calibrated_cell", "BASELINE_SETS", "setting_claims", "setting_claims_display",
-           "describe_setting_claims", "server_step_table"]
+           "describe_setting_claims", "server_step_table", "own_step_runs", "own_step_display", "describe_own_steps",
+           "describe_open_groups"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
 CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -70,6 +72,15 @@ def at_best_fedstale_beta(runs: pd.DataFrame, metric: str = "final_accuracy") ->
     return runs[(runs["role"] != "fedstale") | (runs["beta"] == best_beta)]
 
 
+def _role_name(role: str, runs: pd.DataFrame) -> str:
+    """A role's display name; FedStale run at one beta only is named with that beta, not "best β"."""
+    if role == "fedstale":
+        betas = runs.loc[runs["role"] == "fedstale", "beta"].dropna().unique()
+        if len(betas) == 1:
+            return f"FedStale (β = {betas[0]:g})"
+    return display_name(role)
+
+
 def _stats(values: pd.Series) -> dict:
     v = values.dropna()
     return {"mean": float(v.mean()) if len(v) else np.nan,
@@ -100,8 +111,8 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
     Holm adjustment over every row of the table (one family) and the verdict it allows
     (`stats.tested_verdicts`: none from fewer than 5 seeds)."""
     rows, diffs = [], []
-    for gamma, at_gamma in runs.groupby("gamma"):
-        at_gamma = at_best_fedstale_beta(at_gamma, metric)
+    for gamma, every_beta in runs.groupby("gamma"):
+        at_gamma = at_best_fedstale_beta(every_beta, metric)
         per_seed = at_gamma.pivot_table(index="seed", columns="role", values=metric, aggfunc="first")
         for conv, baselines in BASELINE_SETS.items():
             present = [b for b in baselines if b in per_seed]
@@ -115,7 +126,7 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
                 diff = both[steer] - both[best]
                 diffs.append(diff.tolist())
                 rows.append({"gamma": gamma, "convention": conv, "fedsteer": display_name(steer),
-                             "best_baseline": display_name(best), "fedsteer_mean": float(both[steer].mean()),
+                             "best_baseline": _role_name(best, every_beta), "fedsteer_mean": float(both[steer].mean()),
                              "baseline_mean": float(both[best].mean()), "gain": float(diff.mean()),
                              "gain_std": float(diff.std(ddof=1)) if len(diff) > 1 else np.nan,
                              "relative_gain": float(diff.mean() / both[best].mean()),
@@ -234,9 +245,12 @@ def describe_calibrated_cell(summary: pd.DataFrame, final: dict | None, point_ca
             "Provisionally (not every unbiased FedAvg run of the map is in yet), the rule picks")
     text = (f"{head} client lr {cell['client_lr']:g}, E = {cell['local_epochs']}: unbiased FedAvg "
             f"{cell['mean']:.3f} over {seeds} (the paper: {cell['paper']:.3f}). In that cell: {means}.")
-    if final is not None:
+    if final is not None and point_cached < point_total:
         text += (f" Table 1's methods and the FedStale code base's baselines at this cell, every seed and both γ: "
                  f"{point_cached} of {point_total} runs computed so far (`python -m fedsteer_lib sweep --what calibrated`).")
+    elif final is not None:
+        text += (f" Table 1's methods and the FedStale code base's baselines were run at this cell with every seed "
+                 f"and γ: all {point_total} runs are in.")
     return text
 
 
@@ -373,3 +387,82 @@ def server_step_table(runs: pd.DataFrame, server_lrs: Sequence[float] = SERVER_L
         row["chosen η_s"] = f"{choice[role]:g}" if complete else "—"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _step_roles(choices: Mapping[MethodSpec, float], dataset: str) -> dict[str, float]:
+    """`groups.server_step_choices` keyed by role (table row)."""
+    dd = {k: v for k, v in DATASET_DEFAULTS[dataset].items() if k in ("core_size", "lam")}
+    return {role_of(spec.name, dict(spec.params), dd): lr for spec, lr in choices.items()}
+
+
+def own_step_runs(frozen: pd.DataFrame, reruns: pd.DataFrame, choices: Mapping[MethodSpec, float] | None,
+                  dataset: str = "fmnist") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(every method of the server-step search at the frozen step, and at its own step), as runs
+    tables (`role_runs`). `choices` is `groups.server_step_choices`; at its own step a method's
+    runs are its reruns (`groups.own_step_grid`, in `reruns`) where the step is not the frozen
+    one, else its runs in `frozen` (Table 1's). FedStale at the beta its step was searched at
+    (`config.SERVER_STEP_FEDSTALE_BETA`) in both. Both empty while `choices` is None."""
+    frozen_step = TUNED[dataset].server_lr
+    steps = _step_roles(choices or {}, dataset)
+
+    def at(step_of: Mapping[str, float]) -> pd.DataFrame:
+        parts = []
+        for role, server_lr in step_of.items():
+            source = frozen if server_lr == frozen_step else reruns
+            if source.empty:
+                continue
+            mine = source[(source["role"] == role) & np.isclose(source["server_lr"], server_lr)]
+            parts.append(mine[np.isclose(mine["beta"], SERVER_STEP_FEDSTALE_BETA)] if role == "fedstale" else mine)
+        return pd.concat(parts, ignore_index=True) if parts else frozen.iloc[0:0]
+
+    return at({role: frozen_step for role in steps}), at(steps)
+
+
+def own_step_display(frozen: pd.DataFrame, own: pd.DataFrame, choices: Mapping[MethodSpec, float] | None,
+                     dataset: str = "fmnist", metric: str = "final_accuracy") -> pd.DataFrame:
+    """Each searched method at the frozen step next to its own (the two tables of
+    `own_step_runs`): one row per (gamma, method) with its chosen step and mean ± std over the
+    seeds (the collapsed runs counted) at both; "—" where the runs are not in yet."""
+    steps = _step_roles(choices or {}, dataset)
+    rows = []
+    for gamma in sorted(set(frozen["gamma"]) | set(own["gamma"])):
+        for role, server_lr in steps.items():
+            row = {"γ": f"{gamma:g}", "method": _role_name(role, frozen), "its η_s": f"{server_lr:g}"}
+            for name, table in ((f"at η_s = {TUNED[dataset].server_lr:g}", frozen), ("at its η_s", own)):
+                sel = table[(table["role"] == role) & np.isclose(table["gamma"], gamma)]
+                stats = _stats(sel[metric])
+                row[name] = _cell(stats["mean"], stats["std"], stats["n"], int(sel["collapsed"].sum()) if len(sel) else 0)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def describe_own_steps(choices: Mapping[MethodSpec, float] | None, reruns_missing: int, dataset: str = "fmnist") -> str:
+    """The server-step search's outcome in words: which methods keep the frozen step and which
+    get another, and whether their reruns on the test split are in."""
+    if choices is None:
+        return "The search is not complete yet, so no method has its own step."
+    frozen_step = TUNED[dataset].server_lr
+    names = {role: (f"FedStale (β = {spec.get('beta'):g})" if spec.name == "fedstale" else display_name(role))
+             for role, spec in zip(_step_roles(choices, dataset), choices)}
+    steps = dict(zip(names, choices.values()))
+    moved = {role: lr for role, lr in steps.items() if lr != frozen_step}
+    kept = [names[r] for r in steps if r not in moved]
+    text = (f"{len(kept)} of {len(steps)} methods keep η_s = {frozen_step:g}" + (f" ({', '.join(kept)})" if kept else "")
+            + (("; " + ", ".join(f"{names[r]} gets η_s = {lr:g}" for r, lr in moved.items())) if moved else "")
+            + ".")
+    if moved:
+        text += (f" Those {len(moved)} are rerun at their own step with every seed and γ of Table 1"
+                 + (f"; {reruns_missing} of their runs are still being computed "
+                    "(`python -m fedsteer_lib sweep --what server_step`)." if reruns_missing else "."))
+    return text
+
+
+def describe_open_groups(missing_runs: Mapping[str, int]) -> str:
+    """One sentence on the run groups of this chapter that are not complete (`missing_runs`:
+    group's name in words -> how many of its runs are not in), or that all of them are."""
+    open_ = {name: n for name, n in missing_runs.items() if n}
+    if not open_:
+        return "Every run of this chapter's groups is in: nothing on this page is provisional."
+    listed = "; ".join(f"{name}: {n} run{'s' if n != 1 else ''}" for name, n in open_.items())
+    return (f"Still being computed: {listed}. Their rows and cells show the runs that are in, "
+            "and no verdict is drawn from a group that is not complete.")

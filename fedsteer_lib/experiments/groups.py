@@ -10,15 +10,15 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from .config import (CALIBRATION_TARGET, DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, Diagnostics, FLSystem, MethodSpec,
+from .config import (CALIBRATION_TARGET, DATASET_DEFAULTS, REGIME_GAMMAS, REGIME_SEEDS, TUNED, Diagnostics, FLSystem, MethodSpec,
                      Profile, RunConfig, framework_methods, get_profile, method, paper_methods, regime_methods,
                      server_step_methods)
 from .registry import role_of
 from .sweep import grid
-from .tuning import VALIDATION_SIZE, calibrated_cell, tuning_configs
+from .tuning import VALIDATION_SIZE, calibrated_cell, select_server_steps, tuning_configs
 
 __all__ = ["paper_grid", "ablation_grid", "framework_grid", "regime_grid", "convergence_methods", "convergence_grid",
-           "alignment_grid", "stability_grid", "server_step_grid", "calibration_cell", "calibrated_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
+           "alignment_grid", "stability_grid", "server_step_grid", "server_step_choices", "own_step_grid", "calibration_cell", "calibrated_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
 
 
 def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> list[RunConfig]:
@@ -132,6 +132,38 @@ def server_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", 
     return configs
 
 
+def server_step_choices(dataset: str = "fmnist", profile: str | Profile = "paper", root=None) -> dict[MethodSpec, float] | None:
+    """Each method of the server-step search and the step it gets (`tuning.select_server_steps`
+    over `server_step_grid`'s runs: final-round validation accuracy averaged over the gammas),
+    in the search's method order; None until every run of the search is cached."""
+    from .results import load_run, results_root
+    from .sweep import missing
+
+    root = results_root(profile) if root is None else root
+    configs = server_step_grid(dataset, profile)
+    if not configs or missing(configs, root):
+        return None
+    specs = {c.method.label: c.method for c in configs}
+    runs = pd.DataFrame([{"label": c.method.label, "server_lr": c.training.server_lr, "gamma": c.system.gamma,
+                          "final_accuracy": load_run(c, root)["summary"]["final_accuracy"]} for c in configs])
+    chosen = select_server_steps(runs).set_index("label")["server_lr"]
+    return {spec: float(chosen[label]) for label, spec in specs.items()}
+
+
+def own_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu",
+                  root=None) -> list[RunConfig]:
+    """The methods of the server-step search whose chosen step (`server_step_choices`) is not the
+    frozen one (`config.TUNED`'s server lr), rerun at that step on the test split, the profile's
+    gammas and seeds (the methods at the frozen step reuse Table 1's runs). Empty until the
+    search is complete."""
+    choices = server_step_choices(dataset, profile, root)
+    if choices is None:
+        return []
+    frozen = TUNED[dataset].server_lr
+    return [c for spec, server_lr in choices.items() if server_lr != frozen
+            for c in grid(dataset, [spec], profile, device=device, server_lr=server_lr)]
+
+
 def convergence_methods(dataset: str) -> list[MethodSpec]:
     """The methods of the variance-term probes: `config.paper_methods` without full
     participation (its partial-update variance is 0 by construction, p_i = 1) and with
@@ -189,7 +221,7 @@ def _tuning(dataset: str, profile: str | Profile, device: str) -> dict[str, list
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
 # chapters show the runs that are cached and say how many are missing; `make book` never
 # computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
-IN_PROGRESS: frozenset[str] = frozenset({"regime_map", "server_step_tuning", "calibrated_point"})
+IN_PROGRESS: frozenset[str] = frozenset({"regime_map", "server_step_tuning", "own_server_step"})
 
 
 # What `--what` selects: each entry returns {group name: configs}.
@@ -203,7 +235,8 @@ GROUP_SETS: dict[str, Callable[[str, str | Profile, str], dict[str, list[RunConf
         "convergence_probes": convergence_grid(d, p, device=dev),
         "coordinate_stability": list(stability_grid(d, p, device=dev).values())},
     "tuning": _tuning,
-    "server_step": lambda d, p, dev: {"server_step_tuning": server_step_grid(d, p, dev)},
+    "server_step": lambda d, p, dev: {"server_step_tuning": server_step_grid(d, p, dev),
+                                      "own_server_step": own_step_grid(d, p, dev)},
     "calibrated": lambda d, p, dev: {"calibrated_point": calibrated_grid(d, p, dev)},
 }
 
