@@ -8,8 +8,11 @@ missing the tests fail (they never skip): build it first with
 For every page of `book/_toc.yml`: the page loads and shows its title as h1; where its source
 contains math, MathJax (served locally) has typeset it and no raw TeX delimiters are left;
 every <img> resolves to a non-empty image file under `_build/html`; the rendered page loads no
-script, stylesheet, image or frame from the network. Two screenshots (the introduction and the
-first chapter) are written to `_build/screenshots/`.
+script, stylesheet, image or frame from the network; no formula is clipped; every figure of a
+chapter sits in a <figure> with a caption and an alt text that describes it (not a file name);
+no rendered table cell reads NaN, None, True or False; nothing in the main column is wider than
+the column (no sideways scrolling, no hidden overflow). Screenshots of the introduction,
+chapter 6 (Table 1) and chapter 9 (the verdict) are written to `_build/screenshots/`.
 """
 from __future__ import annotations
 
@@ -60,7 +63,8 @@ def _toc_docs() -> list[str]:
 
 
 PAGES = _toc_docs()
-SCREENSHOT_PAGES = [PAGES[0], next(d for d in PAGES if "/chapters/" in d)]
+CHAPTERS = [d for d in PAGES if "/chapters/" in d]
+SCREENSHOT_PAGES = [PAGES[0], *(d for d in CHAPTERS if Path(d).name.startswith(("06_", "09_")))]
 
 
 def _built_html() -> Path:
@@ -349,21 +353,7 @@ MATH_ROOM_PX = 1.0  # MathJax's ink reaches up to about a pixel beyond its boxes
 
 
 def _clip_rows(doc: str) -> list[dict]:
-    """Run `_CLIP_PROBE` on a copy of the built page (in a temporary folder; a <base> points
-    every relative URL back at the built book) and return its rows."""
-    import html as html_lib
-
-    page = _page_file(doc)
-    text = page.read_text(encoding="utf8")
-    text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
-    text = text.replace("</body>", f"<script>{_CLIP_PROBE}</script></body>", 1)
-    with tempfile.TemporaryDirectory(prefix="fedsteer-clip-") as tmp:
-        probe_page = Path(tmp) / page.name
-        probe_page.write_text(text, encoding="utf8")
-        dom = _chromium(probe_page.as_uri(), "--dump-dom", "--window-size=1280,1800")
-    match = re.search(r'<pre id="fedsteer-clip-probe"[^>]*>(.*?)</pre>', dom, flags=re.S)
-    assert match, f"{doc}: the clip probe did not run (MathJax never finished typesetting?)"
-    return json.loads(html_lib.unescape(match.group(1)))
+    return _probe(doc, _CLIP_PROBE, "fedsteer-clip-probe")
 
 
 @pytest.mark.parametrize("doc", PAGES)
@@ -379,3 +369,137 @@ def test_math_is_not_clipped(doc):
              for r in rows if min(r["room_top"], r["room_bottom"]) < MATH_ROOM_PX]
     assert not tight, (f"{doc}: {len(tight)} formulas touch the edge of a clipping box (overflow not "
                        f"visible), so their glyphs are cut off (see book/_static/math.css):\n" + "\n".join(tight[:10]))
+
+
+# ----------------------------------------------------------------------------- figures and tables
+class _Contents(HTMLParser):
+    """The article's images, each with its alt text and the caption of the <figure> holding it
+    (None when it is in no figure), and the text of every table cell."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.images: list[dict] = []
+        self.cells: list[str] = []
+        self._article = 0
+        self._figures: list[dict] = []  # open <figure> elements: their images and caption text
+        self._caption = 0
+        self._cell: list[str] | None = None
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "article":
+            self._article += 1
+        if not self._article:
+            return
+        if tag == "figure":
+            self._figures.append({"images": [], "caption": []})
+        elif tag == "figcaption" and self._figures:
+            self._caption += 1
+        elif tag == "img":
+            image = {"src": a.get("src") or "", "alt": (a.get("alt") or "").strip(), "caption": None}
+            self.images.append(image)
+            if self._figures:
+                self._figures[-1]["images"].append(image)
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "article" and self._article:
+            self._article -= 1
+        elif tag == "figcaption" and self._caption:
+            self._caption -= 1
+        elif tag == "figure" and self._figures:
+            figure = self._figures.pop()
+            for image in figure["images"]:
+                image["caption"] = " ".join("".join(figure["caption"]).split())
+        elif tag in ("td", "th") and self._cell is not None:
+            self.cells.append(" ".join("".join(self._cell).split()))
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._caption and self._figures:
+            self._figures[-1]["caption"].append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+FILE_NAME_ALT = re.compile(r"^\S*\.(png|svg|jpe?g|gif|pdf)$|^[0-9a-f]{16,}$", flags=re.I)
+
+
+@pytest.mark.parametrize("doc", CHAPTERS)
+def test_chapter_figures_have_caption_and_alt_text(doc):
+    contents = _Contents(_dom(doc))
+    for image in contents.images:
+        name = image["src"].rsplit("/", 1)[-1]
+        assert image["caption"], f"{doc}: the figure {name} has no caption (show it with {{glue:figure}})"
+        assert len(image["alt"]) >= 20 and not FILE_NAME_ALT.match(image["alt"]), (
+            f"{doc}: the figure {name} has the alt text {image['alt']!r}, which does not describe it")
+
+
+RAW_CELLS = {"NaN", "nan", "None", "True", "False", "<NA>", "NaT"}
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_tables_show_no_raw_values(doc):
+    raw = [cell for cell in _Contents(_dom(doc)).cells if cell in RAW_CELLS]
+    assert not raw, f"{doc}: rendered table cells read {sorted(set(raw))} ({len(raw)} cells): show them for a reader"
+
+
+# Measures, once the page has laid out (MathJax included), every element of the main column (the
+# <article>) whose content is wider than its box while it scrolls or clips (overflow other than
+# visible), and every other element that reaches past the column's right edge.
+_OVERFLOW_PROBE = """
+window.addEventListener('load', () => (window.MathJax ? MathJax.startup.promise : Promise.resolve()).then(() => {
+  const main = document.querySelector('article') || document.querySelector('main') || document.body;
+  const rows = [], reported = [];
+  const column = main.getBoundingClientRect();
+  [main, ...main.querySelectorAll('*')].forEach((el) => {
+    const style = getComputedStyle(el);
+    if (style.display === 'none' || el.closest('details:not([open]), mjx-assistive-mml')) return;  // hidden
+    const tag = el.tagName.toLowerCase();
+    if (tag.startsWith('mjx-') && tag !== 'mjx-container') return;  // MathJax's own glyph boxes: the formula counts
+    if (reported.some((outer) => outer.contains(el))) return;  // the outermost wide element says it
+    const scrolls = ['auto', 'scroll', 'hidden', 'clip'].includes(style.overflowX);
+    const box = el.getBoundingClientRect();
+    const wide = scrolls ? el.scrollWidth - el.clientWidth : box.right - column.right;
+    if (wide > 1 && box.width > 0) {
+      reported.push(el);
+      rows.push({tag: el.tagName.toLowerCase(), cls: String(el.className).slice(0, 60), px: Math.round(wide),
+                 scrolls: scrolls, text: (el.textContent || '').trim().slice(0, 60)});
+    }
+  });
+  const pre = document.createElement('pre');
+  pre.id = 'fedsteer-overflow-probe';
+  pre.style.display = 'none';
+  pre.textContent = JSON.stringify(rows);
+  document.body.appendChild(pre);
+}));
+"""
+
+
+def _probe(doc: str, script: str, probe_id: str) -> list[dict]:
+    """Run `script` on a copy of the built page (in a temporary folder; a <base> points every
+    relative URL back at the built book) and return the JSON rows it writes into <pre id=probe_id>."""
+    import html as html_lib
+
+    page = _page_file(doc)
+    text = page.read_text(encoding="utf8")
+    text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
+    text = text.replace("</body>", f"<script>{script}</script></body>", 1)
+    with tempfile.TemporaryDirectory(prefix="fedsteer-probe-") as tmp:
+        probe_page = Path(tmp) / page.name
+        probe_page.write_text(text, encoding="utf8")
+        dom = _chromium(probe_page.as_uri(), "--dump-dom", "--window-size=1280,1800")
+    match = re.search(rf'<pre id="{probe_id}"[^>]*>(.*?)</pre>', dom, flags=re.S)
+    assert match, f"{doc}: the probe {probe_id} did not run (the page never finished loading?)"
+    return json.loads(html_lib.unescape(match.group(1)))
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_main_column_has_no_horizontal_overflow(doc):
+    rows = _probe(doc, _OVERFLOW_PROBE, "fedsteer-overflow-probe")
+    wide = [f"<{r['tag']} class={r['cls']!r}> {r['px']} px {'scrolled/clipped' if r['scrolls'] else 'past the column'}: "
+            f"{r['text']!r}" for r in rows]
+    assert not wide, f"{doc}: {len(wide)} elements are wider than the main column:\n" + "\n".join(wide[:12])

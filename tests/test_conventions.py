@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book import conventions as conv
+from fedsteer_lib.book import server_steps as steps
 from fedsteer_lib.experiments.config import method
 from fedsteer_lib.experiments.registry import role_of
 
@@ -131,11 +132,11 @@ def test_server_step_table_chooses_only_complete_methods():
                          for r, lr, g, a in [("fedavg", 0.5, 0.7, 0.80), ("fedavg", 0.5, 0.9, 0.70),
                                              ("fedavg", 1.0, 0.7, 0.78), ("fedavg", 1.0, 0.9, 0.74),
                                              ("fedsteer", 1.0, 0.7, 0.81)]])
-    t = conv.server_step_table(runs, (0.5, 1.0)).set_index("method")
+    t = steps.server_step_table(runs, (0.5, 1.0)).set_index("method")
     assert t.loc["FedAvg", "η_s = 0.5"] == "0.750" and t.loc["FedAvg", "η_s = 1"] == "0.760"
     assert t.loc["FedAvg", "chosen η_s"] == "1"  # 0.76 > 0.75
     assert t.loc["FedSteer", "η_s = 1"] == "—" and t.loc["FedSteer", "chosen η_s"] == "—"  # gamma 0.9 missing
-    assert list(conv.server_step_table(runs.iloc[0:0], (0.5, 1.0)).columns) == ["method", "η_s = 0.5", "η_s = 1",
+    assert list(steps.server_step_table(runs.iloc[0:0], (0.5, 1.0)).columns) == ["method", "η_s = 0.5", "η_s = 1",
                                                                                   "chosen η_s"]
 
 
@@ -151,12 +152,12 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
                           columns=["role", "beta", "server_lr", "gamma", "seed", "final_accuracy", "collapsed"])
     reruns = pd.DataFrame([("fedavg_unbiased", np.nan, 0.25, gamma, seed, 0.80 + 0.01 * seed, seed == 1)
                            for gamma in (0.7, 0.9) for seed in (0, 1)], columns=frozen.columns)
-    at_one, own = conv.own_step_runs(frozen, reruns, choices, "fmnist")
+    at_one, own = steps.own_step_runs(frozen, reruns, choices, "fmnist")
     assert sorted(at_one.groupby("role")["final_accuracy"].mean().round(3).items()) == [
         ("fedavg_unbiased", 0.5), ("fedstale", 0.6), ("fedsteer", 0.7)]  # FedStale at beta 0.7 only
     assert sorted(own.groupby("role")["final_accuracy"].mean().round(3).items()) == [
         ("fedavg_unbiased", 0.805), ("fedstale", 0.6), ("fedsteer", 0.7)]
-    table = conv.own_step_display(at_one, own, choices, "fmnist").set_index(["γ", "method"])
+    table = steps.own_step_display(at_one, own, choices, "fmnist").set_index(["γ", "method"])
     row = table.loc[("0.9", "FedAvg (unbiased)")]
     assert row["its η_s"] == "0.25" and row["at η_s = 1"] == "0.500 ± 0.000"
     assert row["at its η_s"] == "0.805 ± 0.007 (1 of 2 collapsed)"
@@ -164,13 +165,13 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
     assert gains.loc[(0.9, "framework", "FedSteer"), "best_baseline"] == "FedAvg (unbiased)"
     assert gains.loc[(0.9, "framework", "FedSteer"), "gain"] == pytest.approx(-0.105)
     # before the search is complete: nothing, and the sentence says so
-    empty_one, empty_own = conv.own_step_runs(frozen, reruns.iloc[0:0], None, "fmnist")
-    assert empty_one.empty and empty_own.empty and conv.own_step_display(empty_one, empty_own, None).empty
-    assert conv.describe_own_steps(None, 0).startswith("The search is not complete")
-    text = conv.describe_own_steps(choices, 16, "fmnist")
+    empty_one, empty_own = steps.own_step_runs(frozen, reruns.iloc[0:0], None, "fmnist")
+    assert empty_one.empty and empty_own.empty and steps.own_step_display(empty_one, empty_own, None).empty
+    assert steps.describe_own_steps(None, 0).startswith("The search is not complete")
+    text = steps.describe_own_steps(choices, 16, "fmnist")
     assert text.startswith("2 of 3 methods keep η_s = 1 (FedSteer, FedStale (β = 0.7)); FedAvg (unbiased) gets η_s = 0.25.")
     assert "FedAvg (unbiased) gets η_s = 0.25" in text and "16 of their runs are still being computed" in text
-    assert conv.describe_own_steps(choices, 0, "fmnist").endswith("every seed and γ of Table 1.")
+    assert steps.describe_own_steps(choices, 0, "fmnist").endswith("every seed and γ of Table 1.")
 
 
 def test_open_groups_sentence():

@@ -1,5 +1,6 @@
 """Baseline conventions and regimes: Table 1 under two conventions, FedSteer's gains paired by
-seed, the regime map (client lr x local epochs) and the paper-calibrated cell.
+seed, the regime map (client lr x local epochs) and the paper-calibrated cell (each method's own
+server step: `server_steps`).
 
 Rows are found from each run's method parameters (`experiments.registry.role_of`), never from
 its label. Every function takes the tidy runs table of `role_runs` (one row per run).
@@ -12,8 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..experiments import tuning
-from ..experiments.config import (CALIBRATION_TARGET, DATASET_DEFAULTS, SERVER_LRS, SERVER_STEP_FEDSTALE_BETA, TUNED,
-                                  MethodSpec, RunConfig)
+from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import runs_table
 from .paper import HEADLINE_FEDSTEER, paper_value_for
@@ -22,8 +22,7 @@ from .stats import tested_verdicts
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
            "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell",
            "describe_calibrated_cell", "BASELINE_SETS", "setting_claims", "setting_claims_display",
-           "describe_setting_claims", "server_step_table", "own_step_runs", "own_step_display", "describe_own_steps",
-           "describe_open_groups"]
+           "describe_setting_claims", "describe_open_groups"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
 CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -363,98 +362,6 @@ def describe_setting_claims(claims: pd.DataFrame) -> str:
         sentences.append(f"{setting}, against {_CONVENTION_PHRASES[conv]}, of {len(rows)} claim checks "
                          + "; ".join(parts) + ".")
     return " ".join(sentences)
-
-
-def server_step_table(runs: pd.DataFrame, server_lrs: Sequence[float] = SERVER_LRS,
-                      metric: str = "final_accuracy") -> pd.DataFrame:
-    """The server-step search for reading (`runs`: `role_runs` of `groups.server_step_grid`,
-    accuracies on the validation split): one row per method with its validation accuracy at each
-    server step of `server_lrs` (the profile's; mean over the gammas) and the step it gets
-    (`experiments.tuning.select_server_steps`), the latter only once every (step, gamma) run of
-    the method is in; "—" where a run is missing."""
-    if runs.empty:
-        return pd.DataFrame(columns=["method", *(f"η_s = {lr:g}" for lr in server_lrs), "chosen η_s"])
-    gammas = runs["gamma"].nunique()
-    choice = tuning.select_server_steps(runs.assign(label=runs["role"])).set_index("label")["server_lr"]
-    rows = []
-    for role, mine in runs.groupby("role", sort=False):
-        means = mine.groupby("server_lr")[metric].agg(["mean", "count"])
-        row = {"method": display_name(role)}
-        for lr in server_lrs:
-            done = lr in means.index and means.loc[lr, "count"] == gammas
-            row[f"η_s = {lr:g}"] = f"{means.loc[lr, 'mean']:.3f}" if done else "—"
-        complete = all(row[f"η_s = {lr:g}"] != "—" for lr in server_lrs)
-        row["chosen η_s"] = f"{choice[role]:g}" if complete else "—"
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _step_roles(choices: Mapping[MethodSpec, float], dataset: str) -> dict[str, float]:
-    """`groups.server_step_choices` keyed by role (table row)."""
-    dd = {k: v for k, v in DATASET_DEFAULTS[dataset].items() if k in ("core_size", "lam")}
-    return {role_of(spec.name, dict(spec.params), dd): lr for spec, lr in choices.items()}
-
-
-def own_step_runs(frozen: pd.DataFrame, reruns: pd.DataFrame, choices: Mapping[MethodSpec, float] | None,
-                  dataset: str = "fmnist") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(every method of the server-step search at the frozen step, and at its own step), as runs
-    tables (`role_runs`). `choices` is `groups.server_step_choices`; at its own step a method's
-    runs are its reruns (`groups.own_step_grid`, in `reruns`) where the step is not the frozen
-    one, else its runs in `frozen` (Table 1's). FedStale at the beta its step was searched at
-    (`config.SERVER_STEP_FEDSTALE_BETA`) in both. Both empty while `choices` is None."""
-    frozen_step = TUNED[dataset].server_lr
-    steps = _step_roles(choices or {}, dataset)
-
-    def at(step_of: Mapping[str, float]) -> pd.DataFrame:
-        parts = []
-        for role, server_lr in step_of.items():
-            source = frozen if server_lr == frozen_step else reruns
-            if source.empty:
-                continue
-            mine = source[(source["role"] == role) & np.isclose(source["server_lr"], server_lr)]
-            parts.append(mine[np.isclose(mine["beta"], SERVER_STEP_FEDSTALE_BETA)] if role == "fedstale" else mine)
-        return pd.concat(parts, ignore_index=True) if parts else frozen.iloc[0:0]
-
-    return at({role: frozen_step for role in steps}), at(steps)
-
-
-def own_step_display(frozen: pd.DataFrame, own: pd.DataFrame, choices: Mapping[MethodSpec, float] | None,
-                     dataset: str = "fmnist", metric: str = "final_accuracy") -> pd.DataFrame:
-    """Each searched method at the frozen step next to its own (the two tables of
-    `own_step_runs`): one row per (gamma, method) with its chosen step and mean ± std over the
-    seeds (the collapsed runs counted) at both; "—" where the runs are not in yet."""
-    steps = _step_roles(choices or {}, dataset)
-    rows = []
-    for gamma in sorted(set(frozen["gamma"]) | set(own["gamma"])):
-        for role, server_lr in steps.items():
-            row = {"γ": f"{gamma:g}", "method": _role_name(role, frozen), "its η_s": f"{server_lr:g}"}
-            for name, table in ((f"at η_s = {TUNED[dataset].server_lr:g}", frozen), ("at its η_s", own)):
-                sel = table[(table["role"] == role) & np.isclose(table["gamma"], gamma)]
-                stats = _stats(sel[metric])
-                row[name] = _cell(stats["mean"], stats["std"], stats["n"], int(sel["collapsed"].sum()) if len(sel) else 0)
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def describe_own_steps(choices: Mapping[MethodSpec, float] | None, reruns_missing: int, dataset: str = "fmnist") -> str:
-    """The server-step search's outcome in words: which methods keep the frozen step and which
-    get another, and whether their reruns on the test split are in."""
-    if choices is None:
-        return "The search is not complete yet, so no method has its own step."
-    frozen_step = TUNED[dataset].server_lr
-    names = {role: (f"FedStale (β = {spec.get('beta'):g})" if spec.name == "fedstale" else display_name(role))
-             for role, spec in zip(_step_roles(choices, dataset), choices)}
-    steps = dict(zip(names, choices.values()))
-    moved = {role: lr for role, lr in steps.items() if lr != frozen_step}
-    kept = [names[r] for r in steps if r not in moved]
-    text = (f"{len(kept)} of {len(steps)} methods keep η_s = {frozen_step:g}" + (f" ({', '.join(kept)})" if kept else "")
-            + (("; " + ", ".join(f"{names[r]} gets η_s = {lr:g}" for r, lr in moved.items())) if moved else "")
-            + ".")
-    if moved:
-        text += (f" Those {len(moved)} are rerun at their own step with every seed and γ of Table 1"
-                 + (f"; {reruns_missing} of their runs are still being computed "
-                    "(`python -m fedsteer_lib sweep --what server_step`)." if reruns_missing else "."))
-    return text
 
 
 def describe_open_groups(missing_runs: Mapping[str, int]) -> str:
