@@ -21,11 +21,18 @@ def flat():
     return FlatModel(build_model("fmnist", 10, 1))
 
 
-def test_batched_training_equals_client_by_client(flat):
-    data = _clients([7, 33, 64, 5, 16])  # unequal sizes: different step counts and short last batches
+def test_batched_training_equals_client_by_client():
+    """In float64. In float32 the two paths' kernels round differently (about 1e-6), and over a few
+    steps such a difference now and then flips a ReLU or a max-pool choice, after which the
+    updates part by up to a few per cent (seen on an AMD EPYC: 1.8 % for one client of five);
+    in float64 the rounding is 1e-15 and the comparison is of the computation itself."""
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("fmnist", 10, 1).double())
+    data = [(x.double(), y) for x, y in _clients([7, 33, 64, 5, 16])]  # unequal sizes: step counts, short batches
     w = flat.get_flat()
+    assert w.dtype == torch.float64
     gen = torch.Generator().manual_seed(3)
-    corr = 1e-3 * torch.randn(flat.dim, generator=gen)
+    corr = 1e-3 * torch.randn(flat.dim, generator=gen, dtype=torch.float64)
     specs = [None, LocalSpec(prox_mu=0.1), LocalSpec(correction=corr), None, LocalSpec(prox_mu=0.5, correction=-corr)]
     kw = dict(epochs=2, batch_size=8, lr=0.02)  # small enough that rounding differences stay small
     one, many = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
@@ -35,8 +42,8 @@ def test_batched_training_equals_client_by_client(flat):
     for r, g in zip(ref, got):
         assert g.num_steps == r.num_steps
         scale = float(r.update.abs().max())
-        assert float((g.update - r.update).abs().max()) <= 1e-4 * scale
-        assert g.final_loss == pytest.approx(r.final_loss, rel=1e-4)
+        assert float((g.update - r.update).abs().max()) <= 1e-9 * scale
+        assert g.final_loss == pytest.approx(r.final_loss, rel=1e-9)
     assert [g.num_steps for g in got] == [2, 10, 16, 2, 4]
 
 

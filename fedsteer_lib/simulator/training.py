@@ -33,8 +33,9 @@ class FlatModel:
         self.num_params = sum(p.numel() for p in self.params)
 
     def get_flat(self) -> torch.Tensor:
-        """The current state as a new flat float32 vector of length d."""
-        return torch.cat([t.detach().reshape(-1) for t in self.tensors]).float()
+        """The current state as a new flat vector of length d, in the model's floating dtype
+        (float32 for every model the simulator builds)."""
+        return torch.cat([t.detach().reshape(-1) for t in self.tensors]).to(self.tensors[0].dtype)
 
     def set_flat(self, flat: torch.Tensor) -> None:
         """Load a flat vector of length d into the model."""
