@@ -70,6 +70,11 @@ def test_regime_summary_gains_and_the_calibrated_cell():
     gains = conv.regime_gains(runs).set_index(["client_lr", "local_epochs"])
     assert gains.loc[(0.1, 2), "gain"] == pytest.approx(-0.10)
     assert gains.loc[(0.03, 1), "best_baseline"] == "FedAvg"
+    words = conv.describe_regime_gains(conv.regime_gains(runs), "FedSteer", 0.088)
+    # cells: lr 0.01 +0.02 (+3.3 %), lr 0.1 -0.10, lr 0.03 +0.20 (+28.6 % over FedAvg's 0.70)
+    assert words == ("FedSteer ends above the cell's best baseline on average in 2 of 3 cells; its largest mean gain is "
+                     "+0.200 (+28.6 % over FedAvg) at client lr 0.03, E = 1 (2 seeds), and 1 cell reaches the paper's +8.8 %.")
+    assert conv.describe_regime_gains(conv.regime_gains(runs.iloc[0:0]), "FedSteer", 0.088).startswith("No cell")
     # |0.45 - 0.509| = 0.059 and |0.55 - 0.509| = 0.041: the lr 0.03 cell is closest to the paper
     assert conv.calibrated_cell(summary)["client_lr"] == 0.03
     assert conv.calibrated_cell(summary[summary["role"] != "fedavg_unbiased"]) is None

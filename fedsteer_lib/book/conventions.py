@@ -20,7 +20,8 @@ from .paper import HEADLINE_FEDSTEER, paper_value_for
 from .stats import tested_verdicts
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
-           "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "calibrated_cell",
+           "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "describe_regime_gains",
+           "calibrated_cell",
            "describe_calibrated_cell", "BASELINE_SETS", "setting_claims", "setting_claims_display",
            "describe_setting_claims", "describe_open_groups"]
 
@@ -218,6 +219,23 @@ def regime_gains(runs: pd.DataFrame, steer: str = "fedsteer", metric: str = "fin
                      "gain": float(diff.mean()), "gain_std": float(diff.std(ddof=1)) if len(diff) > 1 else np.nan,
                      "relative_gain": float(diff.mean() / both[best].mean()), "n": int(len(diff))})
     return pd.DataFrame(rows)
+
+
+def describe_regime_gains(gains: pd.DataFrame, steer: str, paper_gain: float) -> str:
+    """The regime map's answer in words for one FedSteer ordering (`gains`: its `regime_gains`):
+    in how many cells it ends above the cell's best baseline on average, its largest mean
+    relative gain and where, and how many cells reach the paper's relative gain `paper_gain`;
+    indicative (no test: the map has fewer seeds than a verdict needs)."""
+    if gains.empty:
+        return f"No cell of the map has {steer} and a baseline yet."
+    best = gains.loc[gains["relative_gain"].idxmax()]
+    above = int((gains["gain"] > 0).sum())
+    reach = int((gains["relative_gain"] >= paper_gain).sum())
+    return (f"{steer} ends above the cell's best baseline on average in {above} of {len(gains)} cells; its largest "
+            f"mean gain is {best['gain']:+.3f} ({100 * best['relative_gain']:+.1f} % over {best['best_baseline']}) at "
+            f"client lr {best['client_lr']:g}, E = {best['local_epochs']} ({best['n']} seed{'s' if best['n'] != 1 else ''}), and "
+            f"{reach} cell{'s' if reach != 1 else ''} reach{'es' if reach == 1 else ''} the paper's "
+            f"{100 * paper_gain:+.1f} %.")
 
 
 def calibrated_cell(summary: pd.DataFrame) -> dict | None:
