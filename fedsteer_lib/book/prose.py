@@ -15,7 +15,7 @@ from .paper import DATASET_NAMES, paper_value, paper_value_for
 from .stats import format_pct
 from .tables import gains, table1
 
-__all__ = ["profile_note", "smoke_test_note", "describe_gains", "describe_metrics", "describe_collapses",
+__all__ = ["profile_note", "smoke_test_note", "gains_in_brief", "describe_gains", "describe_metrics", "describe_collapses",
            "main_findings", "describe_comparison", "describe_claims", "describe_disagreement", "accuracy_level_note",
            "describe_quoted_sources"]
 
@@ -48,6 +48,20 @@ def smoke_test_note(profile) -> str:
         return ""
     return (f"Profile `{profile.name}`: a smoke test of the code path; none of these numbers says whether the "
             "paper reproduces.")
+
+
+def gains_in_brief(g: pd.DataFrame) -> str:
+    """One sentence per γ (largest first) for the top of a page: the headline FedSteer's final
+    accuracy and its relative gain over FedAvg and over the best baseline, the paper's beside each."""
+    def paper(value: float) -> str:
+        return f"paper {format_pct(value)}" if value == value else "the paper quotes none"
+
+    parts = [f"at γ = {r['gamma']:g}, {r['method']} ends at {r['fedsteer']:.3f}: "
+             f"{format_pct(r['gain_vs_fedavg'])} over FedAvg ({paper(r['paper_gain_vs_fedavg'])}) and "
+             f"{format_pct(r['gain_vs_best_baseline'])} over the best baseline, {r['best_baseline']} "
+             f"({paper(r['paper_gain_vs_best_baseline'])})"
+             for _, r in g[g["headline"]].sort_values("gamma", ascending=False).iterrows()]
+    return ("; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".") if parts else "No FedSteer run in the table."
 
 
 def describe_gains(g: pd.DataFrame) -> str:
