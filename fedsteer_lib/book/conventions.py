@@ -356,12 +356,13 @@ def setting_claims_display(claims: pd.DataFrame, setting: str) -> pd.DataFrame:
 
 
 def describe_setting_claims(claims: pd.DataFrame) -> str:
-    """Plain words, one sentence per (setting, convention set): which claim checks hold, which
-    do not, and how many cannot be decided or are only indicative (fewer than 5 seeds)."""
+    """Plain words, one sentence per setting: which claim checks hold, which do not, and how many
+    cannot be decided or are only indicative (fewer than 5 seeds), once for both convention
+    sets where they agree, else per set."""
     if claims.empty:
         return "No claim can be checked yet."
-    sentences = []
-    for (setting, conv), rows in claims.groupby(["setting", "convention"], sort=False):
+
+    def outcome(rows: pd.DataFrame) -> str:
         name = lambda r: (r.claim.replace("…", "FedSteer beats the best baseline")  # noqa: E731
                           + f" at γ = {r.gamma:g}")
         holds = [name(r) for r in rows.itertuples() if r.verdict == "holds"]
@@ -377,10 +378,17 @@ def describe_setting_claims(claims: pd.DataFrame) -> str:
             most = int(rows["n"].max())
             parts.append(f"{weak} {'is' if weak == 1 else 'are'} only indicative "
                          f"({most} paired seed{'s' if most != 1 else ''})")
-        sentences.append(f"{setting}, against {_CONVENTION_PHRASES[conv]}, of {len(rows)} claim checks "
-                         + "; ".join(parts) + ".")
-    return " ".join(sentences)
+        return f"of {len(rows)} claim checks " + "; ".join(parts)
 
+    sentences = []
+    for setting, at in claims.groupby("setting", sort=False):
+        by_set = {conv: outcome(rows) for conv, rows in at.groupby("convention", sort=False)}
+        if len(by_set) > 1 and len(set(by_set.values())) == 1:
+            sentences.append(f"{setting}, against either way of writing the baselines, {next(iter(by_set.values()))}.")
+        else:
+            sentences.append(f"{setting}: " + "; ".join(f"against {_CONVENTION_PHRASES[conv]}, {text}"
+                                                        for conv, text in by_set.items()) + ".")
+    return " ".join(sentences)
 
 def describe_open_groups(missing_runs: Mapping[str, int]) -> str:
     """One sentence on the run groups of this chapter that are not complete (`missing_runs`:
