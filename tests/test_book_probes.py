@@ -207,7 +207,6 @@ def test_monte_carlo_leaves_the_state_unchanged(problem):
 
 def test_estimator_table_closed_form_against_monte_carlo(problem):
     grads, stale, weights, probs = problem
-    ctx = _ctx(weights, probs, grads.shape[1])
     h_e, g_e = snapshots.span_embedding(stale, grads)
     ctx_e = _ctx(weights, probs, h_e.shape[1])
     varp, vstate = aggregation.fedvarp_state(ctx_e, h_e)

@@ -182,7 +182,7 @@ def test_gains(t1):
     assert not bool(e5["headline"]) and np.isnan(e5["paper_gain_vs_fedavg"])
     brief = prose.gains_in_brief(g)  # the top of chapter 6: the headline FedSteer, gamma 0.9 first
     assert brief.startswith(f"At γ = 0.9, FedSteer ends at 0.610: {100 * (0.61 / 0.52 - 1):+.1f} % over FedAvg (paper +8.8 %)")
-    assert f"; at γ = 0.7, FedSteer ends at 0.710: " in brief and "over the best baseline, FedVARP (paper +7.8 %)." in brief
+    assert "; at γ = 0.7, FedSteer ends at 0.710: " in brief and "over the best baseline, FedVARP (paper +7.8 %)." in brief
     assert prose.gains_in_brief(g.iloc[0:0]) == "No FedSteer run in the table."
 
 

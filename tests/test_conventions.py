@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book import conventions as conv
+from fedsteer_lib.book import regimes
 from fedsteer_lib.book import server_steps as steps
 from fedsteer_lib.experiments.config import method
 from fedsteer_lib.experiments.registry import role_of
@@ -64,29 +65,29 @@ def test_regime_summary_gains_and_the_calibrated_cell():
                 rows.append({"client_lr": lr, "local_epochs": epochs, "seed": seed, "role": role,
                              "final_accuracy": acc + shift})
     runs = pd.DataFrame(rows)
-    summary = conv.regime_summary(runs)
+    summary = regimes.regime_summary(runs)
     cell = summary[(summary["client_lr"] == 0.1) & (summary["role"] == "fedavg")].iloc[0]
     assert cell["mean"] == pytest.approx(0.80) and cell["n"] == 2
-    gains = conv.regime_gains(runs).set_index(["client_lr", "local_epochs"])
+    gains = regimes.regime_gains(runs).set_index(["client_lr", "local_epochs"])
     assert gains.loc[(0.1, 2), "gain"] == pytest.approx(-0.10)
     assert gains.loc[(0.03, 1), "best_baseline"] == "FedAvg"
-    words = conv.describe_regime_gains(conv.regime_gains(runs), "FedSteer", 0.088)
+    words = regimes.describe_regime_gains(regimes.regime_gains(runs), "FedSteer", 0.088)
     # cells: lr 0.01 +0.02 (+3.3 %), lr 0.1 -0.10, lr 0.03 +0.20 (+28.6 % over FedAvg's 0.70)
     assert words == ("FedSteer ends above the cell's best baseline on average in 2 of 3 cells; its largest mean gain is "
                      "+0.200 (+28.6 % over FedAvg) at client lr 0.03, E = 1 (2 seeds), and 1 cell reaches the paper's +8.8 %.")
-    assert conv.describe_regime_gains(conv.regime_gains(runs.iloc[0:0]), "FedSteer", 0.088).startswith("No cell")
+    assert regimes.describe_regime_gains(regimes.regime_gains(runs.iloc[0:0]), "FedSteer", 0.088).startswith("No cell")
     # |0.45 - 0.509| = 0.059 and |0.55 - 0.509| = 0.041: the lr 0.03 cell is closest to the paper
-    assert conv.calibrated_cell(summary)["client_lr"] == 0.03
-    assert conv.calibrated_cell(summary[summary["role"] != "fedavg_unbiased"]) is None
-    provisional = conv.describe_calibrated_cell(summary, None, 0, 0)
+    assert regimes.calibrated_cell(summary)["client_lr"] == 0.03
+    assert regimes.calibrated_cell(summary[summary["role"] != "fedavg_unbiased"]) is None
+    provisional = regimes.describe_calibrated_cell(summary, None, 0, 0)
     assert provisional.startswith("Provisionally") and "client lr 0.03, E = 1: unbiased FedAvg 0.550 over 2 seeds" in provisional
     assert "FedAvg 0.700" in provisional and "computed so far" not in provisional
     final = {"client_lr": 0.01, "local_epochs": 1, "mean": 0.45, "n": 3, "paper": 0.509}
-    text = conv.describe_calibrated_cell(summary, final, 5, 272)
+    text = regimes.describe_calibrated_cell(summary, final, 5, 272)
     assert text.startswith("The rule picks client lr 0.01, E = 1: unbiased FedAvg 0.450 over 3 seeds (the paper: 0.509)")
     assert "5 of 272 runs computed so far" in text
-    assert conv.describe_calibrated_cell(summary, final, 272, 272).endswith("every seed and γ: all 272 runs are in.")
-    assert conv.describe_calibrated_cell(summary[summary["role"] != "fedavg_unbiased"], None, 0, 0).startswith("No cell")
+    assert regimes.describe_calibrated_cell(summary, final, 272, 272).endswith("every seed and γ: all 272 runs are in.")
+    assert regimes.describe_calibrated_cell(summary[summary["role"] != "fedavg_unbiased"], None, 0, 0).startswith("No cell")
 
 
 def _claim_runs(rows):

@@ -1,6 +1,6 @@
-"""Baseline conventions and regimes: Table 1 under two conventions, FedSteer's gains paired by
-seed, the regime map (client lr x local epochs) and the paper-calibrated cell (each method's own
-server step: `server_steps`).
+"""Baseline conventions: Table 1 under two conventions, FedSteer's gains paired by seed, and the
+paper's claims checked per convention (the regime map and the paper-calibrated cell: `regimes`;
+each method's own server step: `server_steps`).
 
 Rows are found from each run's method parameters (`experiments.registry.role_of`), never from
 its label. Every function takes the tidy runs table of `role_runs` (one row per run).
@@ -12,17 +12,14 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..experiments import tuning
-from ..experiments.config import CALIBRATION_TARGET, DATASET_DEFAULTS, RunConfig
+from ..experiments.config import DATASET_DEFAULTS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import runs_table
 from .paper import HEADLINE_FEDSTEER, paper_value_for
 from .stats import tested_verdicts
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
-           "paired_gains_display", "describe_paired_gains", "regime_summary", "regime_gains", "describe_regime_gains",
-           "calibrated_cell",
-           "describe_calibrated_cell", "BASELINE_SETS", "setting_claims", "setting_claims_display",
+           "paired_gains_display", "describe_paired_gains", "BASELINE_SETS", "setting_claims", "setting_claims_display",
            "describe_setting_claims", "describe_open_groups"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
@@ -193,82 +190,6 @@ def describe_paired_gains(gains: pd.DataFrame, gamma: float, steer: str = "FedSt
                      f"{r['best_baseline']} ({r['baseline_mean']:.3f}), winning {r['wins']} of {r['n']} seeds{test}: "
                      f"{r['verdict']}")
     return f"At γ = {gamma:g}, " + "; ".join(parts) + "." if parts else f"No paired runs at γ = {gamma:g}."
-
-
-def regime_summary(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
-    """Per regime cell (client lr, local epochs) and role: mean, std and n of `metric`."""
-    g = runs.groupby(["client_lr", "local_epochs", "role"])[metric]
-    out = g.agg(mean="mean", n="count").reset_index()
-    out["std"] = g.std(ddof=1).values
-    return out
-
-
-def regime_gains(runs: pd.DataFrame, steer: str = "fedsteer", metric: str = "final_accuracy") -> pd.DataFrame:
-    """Per regime cell: FedSteer's (role `steer`) paired gain over the cell's best baseline (best
-    by mean among the cell's non-FedSteer roles), its std over seeds and n."""
-    rows = []
-    for (lr, epochs), cell in runs.groupby(["client_lr", "local_epochs"]):
-        per_seed = cell.pivot_table(index="seed", columns="role", values=metric, aggfunc="first")
-        baselines = [r for r in per_seed if r not in NON_BASELINES]
-        if steer not in per_seed or not baselines:
-            continue
-        best = per_seed[baselines].mean().idxmax()
-        both = per_seed[[steer, best]].dropna()
-        diff = both[steer] - both[best]
-        rows.append({"client_lr": lr, "local_epochs": epochs, "best_baseline": display_name(best),
-                     "gain": float(diff.mean()), "gain_std": float(diff.std(ddof=1)) if len(diff) > 1 else np.nan,
-                     "relative_gain": float(diff.mean() / both[best].mean()), "n": int(len(diff))})
-    return pd.DataFrame(rows)
-
-
-def describe_regime_gains(gains: pd.DataFrame, steer: str, paper_gain: float) -> str:
-    """The regime map's answer in words for one FedSteer ordering (`gains`: its `regime_gains`):
-    in how many cells it ends above the cell's best baseline on average, its largest mean
-    relative gain and where, and how many cells reach the paper's relative gain `paper_gain`;
-    indicative (no test: the map has fewer seeds than a verdict needs)."""
-    if gains.empty:
-        return f"No cell of the map has {steer} and a baseline yet."
-    best = gains.loc[gains["relative_gain"].idxmax()]
-    above = int((gains["gain"] > 0).sum())
-    reach = int((gains["relative_gain"] >= paper_gain).sum())
-    return (f"{steer} ends above the cell's best baseline on average in {above} of {len(gains)} cells; its largest "
-            f"mean gain is {best['gain']:+.3f} ({100 * best['relative_gain']:+.1f} % over {best['best_baseline']}) at "
-            f"client lr {best['client_lr']:g}, E = {best['local_epochs']} ({best['n']} seed{'s' if best['n'] != 1 else ''}), and "
-            f"{reach} cell{'s' if reach != 1 else ''} reach{'es' if reach == 1 else ''} the paper's "
-            f"{100 * paper_gain:+.1f} %.")
-
-
-def calibrated_cell(summary: pd.DataFrame) -> dict | None:
-    """The rule of `config.CALIBRATION_TARGET` (`experiments.tuning.calibrated_cell`), applied
-    to a `regime_summary`: the cell whose unbiased FedAvg has the mean closest to the paper's
-    FedAvg. None when no cell has that method yet."""
-    target = CALIBRATION_TARGET
-    cell = tuning.calibrated_cell(summary[summary["role"] == target["method"]], target["paper_accuracy"])
-    return None if cell is None else {**cell, "fedavg_unbiased": cell["mean"]}
-
-
-def describe_calibrated_cell(summary: pd.DataFrame, final: dict | None, point_cached: int, point_total: int) -> str:
-    """The calibrated cell in words: `final` (`experiments.groups.calibration_cell`) once every
-    unbiased FedAvg run of the map is cached, else the rule applied to the map so far
-    (`summary`, a `regime_summary`), marked provisional; the methods' means in that cell, and
-    how many runs of the calibrated point (`groups.calibrated_grid`) are cached."""
-    cell = final if final is not None else calibrated_cell(summary)
-    if cell is None:
-        return "No cell of the map has unbiased FedAvg runs yet."
-    in_cell = summary[np.isclose(summary["client_lr"], cell["client_lr"]) & (summary["local_epochs"] == cell["local_epochs"])]
-    means = ", ".join(f"{display_name(r)} {m:.3f}" for r, m in zip(in_cell["role"], in_cell["mean"]))
-    seeds = f"{cell['n']} seed{'s' if cell['n'] != 1 else ''}"
-    head = ("The rule picks" if final is not None else
-            "Provisionally (not every unbiased FedAvg run of the map is in yet), the rule picks")
-    text = (f"{head} client lr {cell['client_lr']:g}, E = {cell['local_epochs']}: unbiased FedAvg "
-            f"{cell['mean']:.3f} over {seeds} (the paper: {cell['paper']:.3f}). In that cell: {means}.")
-    if final is not None and point_cached < point_total:
-        text += (f" Table 1's methods and the FedStale code base's baselines at this cell, every seed and both γ: "
-                 f"{point_cached} of {point_total} runs computed so far (`python -m fedsteer_lib sweep --what calibrated`).")
-    elif final is not None:
-        text += (f" Table 1's methods and the FedStale code base's baselines were run at this cell with every seed "
-                 f"and γ: all {point_total} runs are in.")
-    return text
 
 
 # What the verdict of a paired test (`stats.tested_verdicts`, a = the claim's winner) says of a claim.

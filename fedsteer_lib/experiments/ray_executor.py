@@ -11,7 +11,6 @@ retries a task whose worker died (`max_retries`); runs already cached are never 
 """
 from __future__ import annotations
 
-import os
 import socket
 from typing import Callable, Sequence
 from urllib.parse import urlparse

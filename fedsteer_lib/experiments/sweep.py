@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
