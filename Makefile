@@ -101,7 +101,7 @@ test: setup system-packages
 	$(MAKE) --no-print-directory book-html
 	rm -rf book/chapters
 	$(PY) -m pytest -p no:cacheprovider tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

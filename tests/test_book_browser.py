@@ -65,6 +65,8 @@ def _toc_docs() -> list[str]:
 PAGES = _toc_docs()
 CHAPTERS = [d for d in PAGES if "/chapters/" in d]
 SCREENSHOT_PAGES = [PAGES[0], *(d for d in CHAPTERS if Path(d).name.startswith(("06_", "09_")))]
+# Chapter 6's Table 1 (and its bar figure) sits below the first screen: its screenshot is taller.
+SCREENSHOT_HEIGHT = {d: 3600 if Path(d).name.startswith("06_") else 1800 for d in SCREENSHOT_PAGES}
 
 
 def _built_html() -> Path:
@@ -310,7 +312,7 @@ def test_screenshot(doc):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / (doc.replace("/", "__") + ".png")
     shot.unlink(missing_ok=True)
-    _chromium(_page_file(doc).as_uri(), f"--screenshot={shot}", "--window-size=1280,1800",
+    _chromium(_page_file(doc).as_uri(), f"--screenshot={shot}", f"--window-size=1280,{SCREENSHOT_HEIGHT[doc]}",
               "--hide-scrollbars")
     assert shot.is_file() and shot.stat().st_size > 0, f"{doc}: Chromium wrote no screenshot to {shot}"
     data = shot.read_bytes()
