@@ -311,6 +311,7 @@ def describe_setting_claims(claims: pd.DataFrame) -> str:
                                                         for conv, text in by_set.items()) + ".")
     return " ".join(sentences)
 
+
 def describe_open_groups(missing_runs: Mapping[str, int]) -> str:
     """One sentence on the run groups of this chapter that are not complete (`missing_runs`:
     group's name in words -> how many of its runs are not in), or that all of them are."""

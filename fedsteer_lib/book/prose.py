@@ -50,18 +50,24 @@ def smoke_test_note(profile) -> str:
             "paper reproduces.")
 
 
+def _quoted_pct(value: float, template: str, missing: str) -> str:
+    """The paper's relative gain `value` as a percentage in `template`, or `missing` where its
+    text quotes none (NaN)."""
+    return template.format(format_pct(value)) if value == value else missing
+
+
 def gains_in_brief(g: pd.DataFrame) -> str:
     """One sentence per γ (largest first) for the top of a page: the headline FedSteer's final
     accuracy and its relative gain over FedAvg and over the best baseline, the paper's beside each."""
     def paper(value: float) -> str:
-        return f"paper {format_pct(value)}" if value == value else "the paper quotes none"
+        return _quoted_pct(value, "paper {}", "the paper quotes none")
 
-    parts = [f"at γ = {r['gamma']:g}, {r['method']} ends at {r['fedsteer']:.3f}: "
-             f"{format_pct(r['gain_vs_fedavg'])} over FedAvg ({paper(r['paper_gain_vs_fedavg'])}) and "
-             f"{format_pct(r['gain_vs_best_baseline'])} over the best baseline, {r['best_baseline']} "
-             f"({paper(r['paper_gain_vs_best_baseline'])})"
-             for _, r in g[g["headline"]].sort_values("gamma", ascending=False).iterrows()]
-    return ("; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ".") if parts else "No FedSteer run in the table."
+    text = "; ".join(f"at γ = {r['gamma']:g}, {r['method']} ends at {r['fedsteer']:.3f}: "
+                     f"{format_pct(r['gain_vs_fedavg'])} over FedAvg ({paper(r['paper_gain_vs_fedavg'])}) and "
+                     f"{format_pct(r['gain_vs_best_baseline'])} over the best baseline, {r['best_baseline']} "
+                     f"({paper(r['paper_gain_vs_best_baseline'])})"
+                     for _, r in g[g["headline"]].sort_values("gamma", ascending=False).iterrows())
+    return text[0].upper() + text[1:] + "." if text else "No FedSteer run in the table."
 
 
 def describe_gains(g: pd.DataFrame) -> str:
@@ -69,11 +75,8 @@ def describe_gains(g: pd.DataFrame) -> str:
     the paper's where its text quotes one."""
     lines = []
     for _, r in g[g["headline"]].iterrows():
-        paper_avg = (f" (paper: {format_pct(r['paper_gain_vs_fedavg'])})" if r["paper_gain_vs_fedavg"] == r["paper_gain_vs_fedavg"]
-                     else " (the paper quotes no number here)")
-        paper_best = (f" (paper: {format_pct(r['paper_gain_vs_best_baseline'])})"
-                      if r["paper_gain_vs_best_baseline"] == r["paper_gain_vs_best_baseline"] else
-                      " (the paper quotes no number here)")
+        paper_avg, paper_best = (_quoted_pct(r[c], " (paper: {})", " (the paper quotes no number here)")
+                                 for c in ("paper_gain_vs_fedavg", "paper_gain_vs_best_baseline"))
         lines.append(f"- {DATASET_NAMES.get(r['dataset'], r['dataset'])}, γ={r['gamma']:g}: {r['method']} "
                      f"{r['fedsteer']:.3f} vs FedAvg {r['fedavg']:.3f}: **{format_pct(r['gain_vs_fedavg'])}**{paper_avg}; "
                      f"vs the best baseline, {r['best_baseline']} ({r['best_baseline_mean']:.3f}): "
