@@ -110,7 +110,9 @@ class Strategy:
         """After the server step: refresh the memory with this round's updates (steps: K per client)."""
 
     def warmup_snapshot(self, state: Any, ctx: ServerContext, grads: torch.Tensor, cycle: int, last: bool) -> None:
-        """Once per warm-up cycle: every client's update (N, d) at the fixed warm-up model."""
+        """Once per warm-up cycle: every client's update (N, d) at the fixed warm-up model. Read
+        it, never change it in place: the next run on the same data gets the same tensor
+        (`engine.warmup_updates`)."""
 
     def forced_clients(self, state: Any, ctx: ServerContext, round_idx: int) -> list[int]:
         """Clients whose update at w_t the strategy wants this round besides the active ones.

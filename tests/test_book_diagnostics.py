@@ -1,6 +1,7 @@
 """The measurements of chapters 4, 5 and 8 (fedsteer_lib.book.selection, server_memory, variance,
 coordinates): J on Gram matrices, selection comparisons, the server-memory table, probe summaries
 and coordinate-stability measures."""
+import dataclasses
 import math
 
 import numpy as np
@@ -236,7 +237,7 @@ def small_sim():
 def test_warmup_record_replays_the_engines_warmup(small_sim):
     config = _small_config().replace(training=Training(rounds=1, local_epochs=1, eval_every=1, eval_last=1))
     record = selection.warmup_record(small_sim, config)
-    result = run(config, progress=False, sim=small_sim)
+    result = run(config, progress=False, sim=dataclasses.replace(small_sim, warmup=None))  # computed anew
     assert record.traces == result.extras["swap_trace"]
     assert record.cores[-1] == result.extras["core"]
     assert record.cycles == 2 and record.num_clients == 20 and record.k == 5

@@ -61,7 +61,7 @@ def warmup_record(sim, config: RunConfig) -> WarmupRecord:
     """Replay the engine's warm-up for a FedSteer `config` (paper §2.4, Algorithm 3).
 
     T0 = warmup_cycles selection cycles: at a fixed model every client's update is computed
-    (`engine.client_updates`, with the engine's own warm-up random stream), the strategy's
+    (`engine.warmup_updates`, the very snapshots a run on `sim` uses), the strategy's
     greedy single-swap search updates the core set X on that snapshot, then a full-participation
     step w <- w - eta_s sum_i d_i g_i moves the model. The selection itself is the strategy's
     `warmup_snapshot`, so the J traces are the ones a real run stores in `extras["swap_trace"]`.
@@ -74,20 +74,16 @@ def warmup_record(sim, config: RunConfig) -> WarmupRecord:
     cycles = int(config.method.get("warmup_cycles"))
     if cycles < 1:
         raise ValueError("warmup_record needs warmup_cycles >= 1")
-    tr = config.training
     strategy, ctx, state = engine.server_setup(config, sim)
-    gen = engine._torch_gen(config.seed, engine._WARMUP)  # the engine's warm-up stream
-    weights = sim.initial_weights.clone()
     grams, init_cores, cores = [], [], []
-    for cycle in range(cycles):
-        grads, _, _ = engine.client_updates(sim, tr, weights, list(range(ctx.num_clients)), gen)
+    snapshots, _ = engine.warmup_updates(sim, config, cycles)  # the engine's own snapshots
+    for cycle, grads in enumerate(snapshots):
         init_cores.append(state.core.tolist())
         strategy.warmup_snapshot(state, ctx, grads, cycle, last=cycle == cycles - 1)
         cores.append(state.core.tolist())
         g64 = grads.double()
         grams.append((g64 @ g64.T).cpu())
         del g64
-        weights = weights - tr.server_lr * (ctx.weights @ grads)
     return WarmupRecord(grams=grams, init_cores=init_cores, cores=cores,
                         traces=[list(t) for t in state.swap_trace], weights=ctx.weights.double().cpu(),
                         probs=ctx.probs.double().cpu(), k=int(config.method.get("core_size")),

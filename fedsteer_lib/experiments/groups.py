@@ -164,12 +164,14 @@ def own_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", dev
             for c in grid(dataset, [spec], profile, device=device, server_lr=server_lr)]
 
 
-def convergence_methods(dataset: str) -> list[MethodSpec]:
+def convergence_methods(dataset: str, profile: str | Profile = "paper") -> list[MethodSpec]:
     """The methods of the variance-term probes: `config.paper_methods` without full
     participation (its partial-update variance is 0 by construction, p_i = 1) and with
-    FedStale at beta = 0.7 only."""
-    return [m for m in paper_methods(dataset)
-            if m.name != "full" and not (m.name == "fedstale" and m.get("beta") != 0.7)]
+    FedStale at beta = 0.7 only (those of the profile's `convergence_roles` where it names them)."""
+    methods = [m for m in paper_methods(dataset)
+               if m.name != "full" and not (m.name == "fedstale" and m.get("beta") != 0.7)]
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    return methods if prof.convergence_roles is None else _with_roles(methods, prof.convergence_roles, dataset)
 
 
 def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
@@ -179,7 +181,7 @@ def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[in
     update and the aggregation's mean squared error to sum_i d_i g_i on every probe round)."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
-    return grid(dataset, convergence_methods(dataset), prof, gammas=prof.gammas, seeds=first, device=device,
+    return grid(dataset, convergence_methods(dataset, prof), prof, gammas=prof.gammas, seeds=first, device=device,
                 diagnostics=Diagnostics(probe_every=prof.probe_every))
 
 
