@@ -300,6 +300,10 @@ def test_claims_checklist_emnist():
     assert holds["FedSteer (enforce=5) nearly doubles the best baseline"] is True  # 0.62 / 0.31 = 2.0
 
 
+def test_counted():
+    assert [stats.counted(n, "seed") for n in (0, 1, 3)] == ["0 seeds", "1 seed", "3 seeds"]
+
+
 def test_format_pct():
     assert stats.format_pct(0.088) == "+8.8 %"
     assert stats.format_pct(-0.0123) == "-1.2 %"

@@ -184,8 +184,11 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
     assert empty_one.empty and empty_own.empty and steps.own_step_display(empty_one, empty_own, None).empty
     assert steps.describe_own_steps(None, 0).startswith("The search is not complete")
     text = steps.describe_own_steps(choices, 16, "fmnist")
-    assert text.startswith("2 of 3 methods keep η_s = 1 (FedSteer, FedStale (β = 0.7)); FedAvg (unbiased) gets η_s = 0.25.")
-    assert "FedAvg (unbiased) gets η_s = 0.25" in text and "16 of their runs are still being computed" in text
+    assert text.startswith("Of the 3 methods searched, 2 keep η_s = 1 (FedSteer, FedStale (β = 0.7)); "
+                           "FedAvg (unbiased) gets η_s = 0.25. That method is rerun at its own step")
+    assert "16 of its runs are still being computed" in text
+    one = {spec: lr for spec, lr in choices.items() if lr != 1.0}  # a search of one method (the quick profile's)
+    assert steps.describe_own_steps(one, 0, "fmnist").startswith("Of the 1 method searched, 0 keep η_s = 1; FedAvg (unbiased)")
     assert steps.describe_own_steps(choices, 0, "fmnist").endswith("every seed and γ of Table 1.")
 
 

@@ -131,6 +131,12 @@ def test_stability_grid_is_fig_8():
         assert name == f"λ={c.method.get('lam')}, |X|={c.method.get('core_size')}"
 
 
+# The quick profile with two methods in its server-step search and two cells in its regime map
+# (lr 0.1 at E = 1 and E = 2): the selection rules below need more than one of each.
+TWO_STEP_METHODS = dataclasses.replace(get_profile("quick"), server_step_roles=("fedavg_unbiased", "fedsteer"))
+TWO_REGIME_CELLS = dataclasses.replace(get_profile("quick"), regime_local_epochs=(1, 2))
+
+
 def test_server_step_grid_gives_every_method_the_same_three_steps_on_validation():
     configs = server_step_grid("fmnist", "paper")
     per_method = {}
@@ -141,8 +147,11 @@ def test_server_step_grid_gives_every_method_the_same_three_steps_on_validation(
     assert {"fedsteer", "fedsteer(ordering=as_written)", "fedavg", "mifa(start=wait_all)"} <= set(per_method)
     assert "full" not in per_method and [c.method.get("beta") for c in configs if c.method.name == "fedstale"] == [0.7] * 6
     assert len(configs) == 13 * 3 * 2
-    quick = server_step_grid("fmnist", "quick")  # the quick profile: two steps for two methods
+    quick = server_step_grid("fmnist", "quick")  # the quick profile: two steps for one method
     assert sorted((label_without_warmup(c.method), c.training.server_lr) for c in quick) == [
+        ("fedavg_unbiased", 0.5), ("fedavg_unbiased", 1.0)]
+    two = server_step_grid("fmnist", TWO_STEP_METHODS)  # a profile's roles pick the methods
+    assert sorted((label_without_warmup(c.method), c.training.server_lr) for c in two) == [
         ("fedavg_unbiased", 0.5), ("fedavg_unbiased", 1.0), ("fedsteer", 0.5), ("fedsteer", 1.0)]
 
 
@@ -162,24 +171,24 @@ def test_the_calibrated_point_follows_the_rule_once_the_map_has_every_unbiased_f
     from fedsteer_lib.experiments.results import save_run
     from fedsteer_lib.simulator.engine import RunResult
 
-    unbiased = [c for c in regime_grid("fmnist", "quick") if c.method.name == "fedavg_unbiased"]
+    unbiased = [c for c in regime_grid("fmnist", TWO_REGIME_CELLS) if c.method.name == "fedavg_unbiased"]
     assert [(c.training.client_lr, c.training.local_epochs) for c in unbiased] == [(0.1, 1), (0.1, 2)]
-    assert calibration_cell("fmnist", "quick", tmp_path) is None and calibrated_grid("fmnist", "quick", root=tmp_path) == []
+    assert calibration_cell("fmnist", TWO_REGIME_CELLS, tmp_path) is None and calibrated_grid("fmnist", TWO_REGIME_CELLS, root=tmp_path) == []
     # |0.45 - 0.509| = 0.059 > |0.55 - 0.509| = 0.041: the E = 2 cell, once both cells are cached
     for c, acc in zip(unbiased, (0.45, 0.55)):
         save_run(RunResult(config=c.to_dict(), history=[], extras={},
                            summary={"final_accuracy": acc, "mean_last_accuracy": acc, "final_loss": 1.0,
                                     "collapsed": False, "collapse_round": None, "server_memory_bytes": 0,
                                     "wall_time": 1.0}), c, tmp_path)
-        assert (calibration_cell("fmnist", "quick", tmp_path) is None) == (c is unbiased[0])
-    cell = calibration_cell("fmnist", "quick", tmp_path)
+        assert (calibration_cell("fmnist", TWO_REGIME_CELLS, tmp_path) is None) == (c is unbiased[0])
+    cell = calibration_cell("fmnist", TWO_REGIME_CELLS, tmp_path)
     assert cell == {"client_lr": 0.1, "local_epochs": 2, "mean": 0.55, "n": 1, "paper": CALIBRATION_TARGET["paper_accuracy"]}
-    every_method = dataclasses.replace(get_profile("quick"), calibrated_roles=None)  # the paper profile's methods
+    every_method = dataclasses.replace(TWO_REGIME_CELLS, calibrated_roles=None)  # the paper profile's methods
     configs = calibrated_grid("fmnist", every_method, root=tmp_path)
     labels = [label_without_warmup(c.method) for c in configs]
     assert "full" not in labels and "fedsteer(ordering=as_written)" in labels and "mifa(start=wait_all)" in labels
     assert len(labels) == len(set(labels)) == 17
-    quick = [label_without_warmup(c.method) for c in calibrated_grid("fmnist", "quick", root=tmp_path)]
+    quick = [label_without_warmup(c.method) for c in calibrated_grid("fmnist", TWO_REGIME_CELLS, root=tmp_path)]
     assert sorted(quick) == sorted(["fedavg", "fedavg_unbiased", "mifa(start=wait_all)",
                                     "fedsteer", "fedsteer(ordering=as_written)"])  # the quick profile's five
     assert {(c.training.client_lr, c.training.local_epochs) for c in configs} == {(0.1, 2)}
@@ -190,18 +199,18 @@ def test_own_step_grid_reruns_the_methods_whose_chosen_step_is_not_the_frozen_on
     from fedsteer_lib.experiments.results import save_run
     from fedsteer_lib.simulator.engine import RunResult
 
-    search = server_step_grid("fmnist", "quick")  # FedAvg (unbiased) and FedSteer at eta_s 0.5 and 1
-    assert server_step_choices("fmnist", "quick", tmp_path) is None and own_step_grid("fmnist", "quick", root=tmp_path) == []
+    search = server_step_grid("fmnist", TWO_STEP_METHODS)  # FedAvg (unbiased) and FedSteer at eta_s 0.5 and 1
+    assert server_step_choices("fmnist", TWO_STEP_METHODS, tmp_path) is None and own_step_grid("fmnist", TWO_STEP_METHODS, root=tmp_path) == []
     accuracy = {("fedavg_unbiased", 0.5): 0.7, ("fedavg_unbiased", 1.0): 0.6, ("fedsteer", 0.5): 0.6, ("fedsteer", 1.0): 0.6}
     for i, c in enumerate(search):
         acc = accuracy[(label_without_warmup(c.method), c.training.server_lr)]
         save_run(RunResult(config=c.to_dict(), history=[], extras={},
                            summary={"final_accuracy": acc, "mean_last_accuracy": acc, "final_loss": 1.0, "collapsed": False,
                                     "collapse_round": None, "server_memory_bytes": 0, "wall_time": 1.0}), c, tmp_path)
-        assert (server_step_choices("fmnist", "quick", tmp_path) is None) == (i < len(search) - 1)
-    choices = {label_without_warmup(m): lr for m, lr in server_step_choices("fmnist", "quick", tmp_path).items()}
+        assert (server_step_choices("fmnist", TWO_STEP_METHODS, tmp_path) is None) == (i < len(search) - 1)
+    choices = {label_without_warmup(m): lr for m, lr in server_step_choices("fmnist", TWO_STEP_METHODS, tmp_path).items()}
     assert choices == {"fedavg_unbiased": 0.5, "fedsteer": 1.0}  # FedSteer's tie goes to the frozen step
-    reruns = own_step_grid("fmnist", "quick", root=tmp_path)
+    reruns = own_step_grid("fmnist", TWO_STEP_METHODS, root=tmp_path)
     assert [(label_without_warmup(c.method), c.training.server_lr, c.system.validation_size) for c in reruns] == [
         ("fedavg_unbiased", 0.5, 0)]  # on the test split, every seed and gamma of the profile
     assert {(c.seed, c.system.gamma) for c in reruns} == {(0, 0.9)}

@@ -16,7 +16,7 @@ import pandas as pd
 
 from .methods import method_specs, table_name
 from .paper import PAPER, PAPER_STATEMENTS, plain
-from .stats import MIN_SEEDS_FOR_VERDICT, format_pct, tested_verdicts
+from .stats import MIN_SEEDS_FOR_VERDICT, counted, format_pct, tested_verdicts
 from .tables import NBSP, SHORT_DATASET_NAMES
 
 __all__ = ["VERDICT_WORDS", "pair_margins", "claim_verdicts", "verdict_table", "claim_footnotes", "claim_tests_table",
@@ -127,8 +127,8 @@ def _comparison(t: dict) -> str:
 
 def _pair_text(t: dict) -> str:
     test = f"Holm-adjusted p = {t['p_holm']:.3f}" if t["p_holm"] == t["p_holm"] else "untested"
-    return (f"{_comparison(t)} ({_setting(t['dataset'], t['gamma'])}): {format_pct(t['rel_mean'])} over {t['n']} "
-            f"seed{'s' if t['n'] != 1 else ''}, {test}")
+    return (f"{_comparison(t)} ({_setting(t['dataset'], t['gamma'])}): {format_pct(t['rel_mean'])} over "
+            f"{counted(t['n'], 'seed')}, {test}")
 
 
 def claim_footnotes(verdicts: pd.DataFrame) -> str:

@@ -16,7 +16,7 @@ from ..experiments.config import DATASET_DEFAULTS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import runs_table
 from .paper import HEADLINE_FEDSTEER, paper_value_for
-from .stats import tested_verdicts
+from .stats import counted, tested_verdicts
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
            "paired_gains_display", "describe_paired_gains", "BASELINE_SETS", "setting_claims", "setting_claims_display",
@@ -298,7 +298,7 @@ def describe_setting_claims(claims: pd.DataFrame) -> str:
         if weak:
             most = int(rows["n"].max())
             parts.append(f"{weak} {'is' if weak == 1 else 'are'} only indicative "
-                         f"({most} paired seed{'s' if most != 1 else ''})")
+                         f"({counted(most, 'paired seed')})")
         return f"of {len(rows)} claim checks " + "; ".join(parts)
 
     sentences = []
@@ -318,6 +318,6 @@ def describe_open_groups(missing_runs: Mapping[str, int]) -> str:
     open_ = {name: n for name, n in missing_runs.items() if n}
     if not open_:
         return "Every run of this chapter's groups is in: nothing on this page is provisional."
-    listed = "; ".join(f"{name}: {n} run{'s' if n != 1 else ''}" for name, n in open_.items())
+    listed = "; ".join(f"{name}: {counted(n, 'run')}" for name, n in open_.items())
     return (f"Still being computed: {listed}. Their rows and cells show the runs that are in, "
             "and no verdict is drawn from a group that is not complete.")

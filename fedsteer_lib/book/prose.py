@@ -12,7 +12,7 @@ import pandas as pd
 
 from .claim_checks import SUSPECTS
 from .paper import DATASET_NAMES, paper_value, paper_value_for
-from .stats import format_pct
+from .stats import counted, format_pct
 from .tables import gains, table1
 
 __all__ = ["profile_note", "smoke_test_note", "gains_in_brief", "describe_gains", "describe_metrics", "describe_collapses",
@@ -30,7 +30,7 @@ def profile_note(profile, runs: pd.DataFrame) -> str:
     seeds = sorted(set(runs["seed"])) if not runs.empty else list(profile.seeds)
     gammas = sorted(set(runs["gamma"])) if not runs.empty else list(profile.gammas)
     text = (f"**Profile `{profile.name}`**: {len(runs)} runs, {', '.join(map(str, rounds))} rounds each "
-            f"(paper: {paper.rounds}), {len(seeds)} seed{'s' if len(seeds) != 1 else ''} (paper: {len(paper.seeds)}), "
+            f"(paper: {paper.rounds}), {counted(len(seeds), 'seed')} (paper: {len(paper.seeds)}), "
             f"γ ∈ {{{', '.join(f'{g:g}' for g in gammas)}}} (paper: {{{', '.join(f'{g:g}' for g in paper.gammas)}}}).")
     if profile.name != "paper" or rounds != [paper.rounds]:
         text += (" **These numbers are a smoke test of the code path, not a reproduction**: too few rounds "

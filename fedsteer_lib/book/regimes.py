@@ -12,6 +12,7 @@ from ..experiments import tuning
 from ..experiments.config import CALIBRATION_TARGET
 from ..experiments.registry import display_name
 from .conventions import NON_BASELINES
+from .stats import counted
 
 __all__ = ["regime_summary", "regime_gains", "describe_regime_gains", "calibrated_cell", "describe_calibrated_cell"]
 
@@ -54,8 +55,8 @@ def describe_regime_gains(gains: pd.DataFrame, steer: str, paper_gain: float) ->
     reach = int((gains["relative_gain"] >= paper_gain).sum())
     return (f"{steer} ends above the cell's best baseline on average in {above} of {len(gains)} cells; its largest "
             f"mean gain is {best['gain']:+.3f} ({100 * best['relative_gain']:+.1f} % over {best['best_baseline']}) at "
-            f"client lr {best['client_lr']:g}, E = {best['local_epochs']} ({best['n']} seed{'s' if best['n'] != 1 else ''}), and "
-            f"{reach} cell{'s' if reach != 1 else ''} reach{'es' if reach == 1 else ''} the paper's "
+            f"client lr {best['client_lr']:g}, E = {best['local_epochs']} ({counted(best['n'], 'seed')}), and "
+            f"{counted(reach, 'cell')} reach{'es' if reach == 1 else ''} the paper's "
             f"{100 * paper_gain:+.1f} %.")
 
 
@@ -78,7 +79,7 @@ def describe_calibrated_cell(summary: pd.DataFrame, final: dict | None, point_ca
         return "No cell of the map has unbiased FedAvg runs yet."
     in_cell = summary[np.isclose(summary["client_lr"], cell["client_lr"]) & (summary["local_epochs"] == cell["local_epochs"])]
     means = ", ".join(f"{display_name(r)} {m:.3f}" for r, m in zip(in_cell["role"], in_cell["mean"]))
-    seeds = f"{cell['n']} seed{'s' if cell['n'] != 1 else ''}"
+    seeds = counted(cell['n'], 'seed')
     head = ("The rule picks" if final is not None else
             "Provisionally (not every unbiased FedAvg run of the map is in yet), the rule picks")
     text = (f"{head} client lr {cell['client_lr']:g}, E = {cell['local_epochs']}: unbiased FedAvg "

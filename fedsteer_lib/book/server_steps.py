@@ -14,6 +14,7 @@ from ..experiments import tuning
 from ..experiments.config import DATASET_DEFAULTS, SERVER_LRS, SERVER_STEP_FEDSTALE_BETA, TUNED, MethodSpec
 from ..experiments.registry import display_name, role_of
 from .conventions import _cell, _role_name, _stats
+from .stats import counted
 
 __all__ = ["server_step_table", "own_step_runs", "own_step_display", "describe_own_steps"]
 
@@ -100,11 +101,13 @@ def describe_own_steps(choices: Mapping[MethodSpec, float] | None, reruns_missin
     steps = dict(zip(names, choices.values()))
     moved = {role: lr for role, lr in steps.items() if lr != frozen_step}
     kept = [names[r] for r in steps if r not in moved]
-    text = (f"{len(kept)} of {len(steps)} methods keep η_s = {frozen_step:g}" + (f" ({', '.join(kept)})" if kept else "")
+    text = (f"Of the {counted(len(steps), 'method')} searched, {len(kept)} {'keeps' if len(kept) == 1 else 'keep'} "
+            f"η_s = {frozen_step:g}" + (f" ({', '.join(kept)})" if kept else "")
             + (("; " + ", ".join(f"{names[r]} gets η_s = {lr:g}" for r, lr in moved.items())) if moved else "")
             + ".")
     if moved:
-        text += (f" Those {len(moved)} are rerun at their own step with every seed and γ of Table 1"
-                 + (f"; {reruns_missing} of their runs are still being computed "
+        rerun = "That method is rerun at its own step" if len(moved) == 1 else f"Those {len(moved)} are rerun at their own step"
+        text += (f" {rerun} with every seed and γ of Table 1"
+                 + (f"; {reruns_missing} of {'its' if len(moved) == 1 else 'their'} runs are still being computed "
                     "(`python -m fedsteer_lib sweep --what server_step`)." if reruns_missing else "."))
     return text

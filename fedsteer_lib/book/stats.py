@@ -25,7 +25,7 @@ from .methods import method_order, method_specs, roles, table_name
 from .paper import NUM_CLASSES
 from .table_display import mean_std_text
 
-__all__ = ["summarize", "format_pct", "collapse_counts", "with_core_lambda", "paired_comparison", "family_verdicts",
+__all__ = ["summarize", "format_pct", "counted", "collapse_counts", "with_core_lambda", "paired_comparison", "family_verdicts",
            "coreset_lambda_table", "coreset_lambda_pairs", "paper_agreement", "comparisons_display", "describe_verdicts",
            "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts"]
 
@@ -55,6 +55,11 @@ def format_pct(value: float, signed: bool = True) -> str:
     if value is None or value != value:
         return "—"
     return f"{100 * value:+.1f} %" if signed else f"{100 * value:.1f} %"
+
+
+def counted(n: int, noun: str) -> str:
+    """1 -> '1 seed', 3 -> '3 seeds', 0 -> '0 seeds'."""
+    return f"{n} {noun if n == 1 else noun + 's'}"
 
 
 def collapse_counts(runs: pd.DataFrame, chance_factor: float = 1.5) -> pd.DataFrame:
@@ -208,7 +213,7 @@ def describe_verdicts(family: pd.DataFrame) -> str:
     for _, r in family.iterrows():
         n = int(r["n"])
         test = (f"{n} seeds, paired t-test, Holm-adjusted p = {r['p_holm']:.3f}" if r["p_holm"] == r["p_holm"]
-                else f"mean over {n} seed{'s' if n != 1 else ''}")
+                else f"mean over {counted(n, 'seed')}")
         lines.append(f"- γ = {r['gamma']:g}, {r['comparison']}: a − b = {r['difference']:+.3f} ({test}): {r['verdict']}.")
     return "\n".join(lines)
 

@@ -23,6 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..methods import BASELINES
+from ..stats import counted
 from .style import column_figure, fit_to_column, highlight_colours
 
 __all__ = ["role_legend_names", "cadence_curve", "plot_accuracy_by_gamma", "plot_convergence",
@@ -125,7 +126,7 @@ def plot_accuracy_by_gamma(curves: pd.DataFrame, t1: pd.DataFrame, *, eval_every
         sub = curves[np.isclose(curves["gamma"], gamma)]
         _draw_panel(ax, sub, t1[np.isclose(t1["gamma"], gamma)], metric, eval_every, gamma == gammas[-1])
         seeds = sub["seed"].nunique()
-        ax.set_title(f"γ = {gamma:g} ({seeds} seed{'s' if seeds != 1 else ''})")
+        ax.set_title(f"γ = {gamma:g} ({counted(seeds, 'seed')})")
         ax.set_ylabel(f"test {metric}")
     axes[-1, 0].set_xlabel("round")
     return fit_to_column(fig)
@@ -201,7 +202,7 @@ def plot_coreset_lambda(runs: pd.DataFrame, *, metric: str = "final_accuracy") -
         ax.tick_params(axis="y", labelsize=9)
         ax.set_xlabel("core-set size |X|", fontsize=10)
         n = int(sub.groupby(["core_size", "lam"])["seed"].nunique().min()) if not sub.empty else 0
-        ax.set_title(f"γ = {gamma:g} ({n} seed{'s' if n != 1 else ''} per point)", fontsize=10)
+        ax.set_title(f"γ = {gamma:g} ({counted(n, 'seed')} per point)", fontsize=10)
     axes[0, 0].set_ylabel("final test accuracy", fontsize=10)
     dot = Line2D([], [], marker="o", ls="", color="grey", alpha=0.6, markersize=4, label="one seed's run")
     fig.legend(handles=axes[0, 0].get_legend_handles_labels()[0] + [dot], fontsize=9, loc="lower center", ncol=3,
