@@ -13,6 +13,12 @@ PROFILE  ?= paper
 # 8 they show); empty = the profile's seeds.
 SEEDS    ?=
 WORKERS  ?= 2
+# `make test` runs on TEST_WORKERS pytest-xdist processes, each with its share of the cores as
+# torch threads (on 2 cores, 2 workers of 1 thread finish about 1.4x sooner than 1 of 2 threads:
+# the small CNN's batches of 32 use a second thread poorly). tests/conftest.py keeps each file,
+# and the chapters that share runs, whole on one worker.
+TEST_WORKERS ?= 2
+TEST_THREADS := $(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 CHAPTERS  := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(NOTEBOOKS))
 LIB       := $(shell find fedsteer_lib -name "*.py")
@@ -100,8 +106,8 @@ test: setup system-packages
 	rm -rf book/chapters && mkdir -p book/chapters && cp $(NOTEBOOKS) book/chapters/
 	$(MAKE) --no-print-directory book-html
 	rm -rf book/chapters
-	$(PY) -m pytest -p no:cacheprovider tests $(NOTEBOOKS) --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
+		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
