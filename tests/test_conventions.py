@@ -176,6 +176,10 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
     row = table.loc[("0.9", "FedAvg (unbiased)")]
     assert row["its η_s"] == "0.25" and row["at η_s = 1"] == "0.500 ± 0.000"
     assert row["at its η_s"] == "0.805 ± 0.007 (1 of 2 collapsed)"
+    # while the reruns come in, a cell says how many of the seeds it holds
+    _, partial = steps.own_step_runs(frozen, reruns[reruns["seed"] == 1], choices, "fmnist")
+    row = steps.own_step_display(at_one, partial, choices, "fmnist").set_index(["γ", "method"]).loc[("0.9", "FedAvg (unbiased)")]
+    assert row["at its η_s"] == "0.810 (1 of 2 seeds; 1 of 1 collapsed)" and row["at η_s = 1"] == "0.500 ± 0.000"
     gains = conv.paired_gains(own).set_index(["gamma", "convention", "fedsteer"])
     assert gains.loc[(0.9, "framework", "FedSteer"), "best_baseline"] == "FedAvg (unbiased)"
     assert gains.loc[(0.9, "framework", "FedSteer"), "gain"] == pytest.approx(-0.105)

@@ -139,11 +139,14 @@ _CONVENTION_NAMES = {"normalised": "today's (normalised)", "framework": "FedStal
 _CONVENTION_PHRASES = {"normalised": "today's normalised baselines", "framework": "the FedStale code base's baselines"}
 
 
-def _cell(mean: float, std: float, n: int, collapsed: int) -> str:
+def _cell(mean: float, std: float, n: int, collapsed: int, of_seeds: int = 0) -> str:
+    """"mean ± std", noting the collapsed runs and, when `of_seeds` is given and more than n,
+    that only n of that many seeds are in yet."""
     if not n:
         return "—"
     text = f"{mean:.3f}" + ("" if np.isnan(std) else f" ± {std:.3f}")
-    return text + (f" ({collapsed} of {n} collapsed)" if collapsed else "")
+    notes = ([f"{n} of {of_seeds} seeds"] if n < of_seeds else []) + ([f"{collapsed} of {n} collapsed"] if collapsed else [])
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def convention_display(table: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:

@@ -82,10 +82,12 @@ def own_step_display(frozen: pd.DataFrame, own: pd.DataFrame, choices: Mapping[M
     for gamma in sorted(set(frozen["gamma"]) | set(own["gamma"])):
         for role, server_lr in steps.items():
             row = {"γ": f"{gamma:g}", "method": _role_name(role, frozen), "its η_s": f"{server_lr:g}"}
+            seeds = frozen.loc[(frozen["role"] == role) & np.isclose(frozen["gamma"], gamma), "seed"].nunique()
             for name, table in ((f"at η_s = {TUNED[dataset].server_lr:g}", frozen), ("at its η_s", own)):
                 sel = table[(table["role"] == role) & np.isclose(table["gamma"], gamma)]
                 stats = _stats(sel[metric])
-                row[name] = _cell(stats["mean"], stats["std"], stats["n"], int(sel["collapsed"].sum()) if len(sel) else 0)
+                row[name] = _cell(stats["mean"], stats["std"], stats["n"], int(sel["collapsed"].sum()) if len(sel) else 0,
+                                  of_seeds=seeds)
             rows.append(row)
     return pd.DataFrame(rows)
 
