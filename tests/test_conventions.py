@@ -183,6 +183,11 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
     gains = conv.paired_gains(own).set_index(["gamma", "convention", "fedsteer"])
     assert gains.loc[(0.9, "framework", "FedSteer"), "best_baseline"] == "FedAvg (unbiased)"
     assert gains.loc[(0.9, "framework", "FedSteer"), "gain"] == pytest.approx(-0.105)
+    # a group still being computed gets its p-values shown but no verdict
+    shown = conv.paired_gains_display(conv.paired_gains(own), "fmnist")
+    assert "none yet" not in " ".join(shown["verdict"])
+    waiting = conv.paired_gains_display(conv.paired_gains(own), "fmnist", runs_missing=3)
+    assert set(waiting["verdict"]) == {"none yet (3 runs missing)"} and list(waiting["p (Holm)"]) == list(shown["p (Holm)"])
     # before the search is complete: nothing, and the sentence says so
     empty_one, empty_own = steps.own_step_runs(frozen, reruns.iloc[0:0], None, "fmnist")
     assert empty_one.empty and empty_own.empty and steps.own_step_display(empty_one, empty_own, None).empty

@@ -168,8 +168,9 @@ def convention_display(table: pd.DataFrame, dataset: str = "fmnist") -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:
-    """`paired_gains` for reading, with the paper's relative gain over its best baseline."""
+def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist", runs_missing: int = 0) -> pd.DataFrame:
+    """`paired_gains` for reading, with the paper's relative gain over its best baseline. While
+    `runs_missing` runs of the group are not in, no verdict is drawn (the p-values are shown)."""
     rows = []
     for _, r in gains.iterrows():
         paper = paper_value_for(dataset, r["gamma"], "gain_vs_best_baseline", "fedsteer")
@@ -177,7 +178,7 @@ def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist") -> pd.Dat
                      "FedSteer": r["fedsteer"], "best baseline": r["best_baseline"],
                      "gain (paired)": f"{r['gain']:+.3f} ± {r['gain_std']:.3f}" if r["n"] > 1 else f"{r['gain']:+.3f}",
                      "relative": f"{100 * r['relative_gain']:+.1f} %", "seeds won": f"{r['wins']} of {r['n']}",
-                     "p (Holm)": "—" if pd.isna(r["p_holm"]) else f"{r['p_holm']:.3f}", "verdict": r["verdict"],
+                     "p (Holm)": "—" if pd.isna(r["p_holm"]) else f"{r['p_holm']:.3f}", "verdict": f"none yet ({counted(runs_missing, 'run')} missing)" if runs_missing else r["verdict"],
                      "paper": "" if np.isnan(paper) else f"{100 * paper:+.1f} %"})
     return pd.DataFrame(rows)
 
