@@ -142,6 +142,26 @@ def test_setting_claims_by_hand():
     assert conv.describe_setting_claims(claims.iloc[0:0]) == "No claim can be checked yet."
 
 
+def test_claims_are_checked_only_in_settings_whose_runs_are_all_in():
+    seeds = range(6)
+    rows = [(0.9, s, "fedsteer", 0.60 + 0.01 * s + 0.004 * (s % 2)) for s in seeds]
+    rows += [(0.9, s, "fedavg", 0.50 + 0.01 * s) for s in seeds] + [(0.9, s, "fedvarp", 0.56 + 0.01 * s) for s in seeds]
+    runs = _claim_runs(rows)
+    summary, shown = conv.claims_by_setting({"done": ("complete", runs, 0), "coming": ("partial", runs, 3),
+                                             "unfixed": ("not fixed", runs, None)})
+    # one family: only the complete setting is tested, so its p-values are those of it alone
+    alone = conv.setting_claims({"complete": runs})
+    assert summary == conv.describe_setting_claims(alone) and "partial" not in summary
+    table = shown["done"]
+    assert table.data.equals(conv.setting_claims_display(alone, "complete"))
+    assert "row_heading" not in table.to_html()  # the index is hidden
+    # the others say why, as Markdown (a plain string would show on the page as a quoted repr)
+    assert shown["coming"]._repr_markdown_() == "Not yet: 3 runs of this setting are still being computed (see above)."
+    assert conv.claims_by_setting({"one": ("x", runs, 1)})[1]["one"]._repr_markdown_().startswith("Not yet: 1 run of this setting is")
+    assert shown["unfixed"]._repr_markdown_().startswith("Not yet: this setting is fixed only once")
+    assert conv.claims_by_setting({"coming": ("partial", runs, 3)})[0] == "No claim can be checked yet."
+
+
 def test_server_step_table_chooses_only_complete_methods():
     runs = pd.DataFrame([{"role": r, "server_lr": lr, "gamma": g, "final_accuracy": a}
                          for r, lr, g, a in [("fedavg", 0.5, 0.7, 0.80), ("fedavg", 0.5, 0.9, 0.70),

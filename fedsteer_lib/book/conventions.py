@@ -11,16 +11,18 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from IPython.display import Markdown
 
 from ..experiments.config import DATASET_DEFAULTS, RunConfig
 from ..experiments.registry import FRAMEWORK_ROLES, TABLE1_ROLES, display_name, role_of
 from ..experiments.results import runs_table
 from .paper import HEADLINE_FEDSTEER, paper_value_for
 from .stats import counted, tested_verdicts
+from .table_display import table_or_note
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
            "paired_gains_display", "describe_paired_gains", "BASELINE_SETS", "setting_claims", "setting_claims_display",
-           "describe_setting_claims", "describe_open_groups"]
+           "describe_setting_claims", "claims_by_setting", "describe_open_groups"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
 CONVENTION_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -314,6 +316,29 @@ def describe_setting_claims(claims: pd.DataFrame) -> str:
             sentences.append(f"{setting}: " + "; ".join(f"against {_CONVENTION_PHRASES[conv]}, {text}"
                                                         for conv, text in by_set.items()) + ".")
     return " ".join(sentences)
+
+
+def claims_by_setting(settings: Mapping[str, tuple[str, pd.DataFrame, int | None]],
+                      dataset: str = "fmnist") -> tuple[str, dict[str, object]]:
+    """`setting_claims` over the settings whose runs are all in (`settings`: glue name -> (the
+    setting in words, its `role_runs` table, how many of its runs are not in; None: the setting
+    itself is not fixed yet)), as one Holm family. Returns `describe_setting_claims` of them and,
+    per glue name, what the page shows: the setting's `setting_claims_display` (index hidden), or
+    Markdown saying why it is not checked yet (no verdict from a setting whose runs are coming in)."""
+    complete = {title: runs for title, runs, missing_runs in settings.values() if missing_runs == 0}
+    claims = setting_claims(complete, dataset)
+    shown: dict[str, object] = {}
+    for name, (title, _, missing_runs) in settings.items():
+        if missing_runs == 0:
+            shown[name] = table_or_note(setting_claims_display(claims, title) if len(claims) else claims,
+                                        "No claim can be checked in this setting: none of its runs pair FedSteer "
+                                        "with a baseline by seed.")
+        elif missing_runs is None:
+            shown[name] = Markdown("Not yet: this setting is fixed only once the runs that define it are all in (see above).")
+        else:
+            shown[name] = Markdown(f"Not yet: {counted(missing_runs, 'run')} of this setting "
+                                   f"{'is' if missing_runs == 1 else 'are'} still being computed (see above).")
+    return describe_setting_claims(claims), shown
 
 
 def describe_open_groups(missing_runs: Mapping[str, int]) -> str:

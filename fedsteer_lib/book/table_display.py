@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from IPython.display import Markdown
 from pandas.io.formats.style import Styler
 
-__all__ = ["readable_value", "mean_std_text", "readable_table"]
+__all__ = ["readable_value", "mean_std_text", "readable_table", "table_or_note"]
 
 MISSING = "—"
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -62,3 +63,9 @@ def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False,
     styler = shown.style.format(lambda v: readable_value(v, digits)).hide(axis="index")
     digest = hashlib.sha1("|".join(map(str, shown.columns)).encode()).hexdigest()[:10]
     return styler.set_uuid(uuid or f"t{digest}")
+
+
+def table_or_note(table: pd.DataFrame, note: str) -> Styler | Markdown:
+    """`table` with its index hidden, or, when it has no rows, `note` as Markdown: a page says why
+    a table is empty instead of showing an empty one."""
+    return Markdown(note) if table.empty else table.style.hide(axis="index")
