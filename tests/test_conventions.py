@@ -225,3 +225,19 @@ def test_open_groups_sentence():
     assert conv.describe_open_groups({"a": 0, "b": 0}).startswith("Every run of this chapter's groups is in")
     text = conv.describe_open_groups({"the map": 3, "the search": 0, "the reruns": 1})
     assert text.startswith("Still being computed: the map: 3 runs; the reruns: 1 run.")
+
+
+def test_gains_in_words_with_the_papers_figure_and_no_verdict_while_runs_are_missing():
+    runs = _runs([
+        (g, s, r, np.nan, a + (0.01 * s if r == "fedsteer" else 0), False) for g in (0.7, 0.9) for s in range(6)
+        for r, a in (("fedsteer", 0.80), ("fedavg", 0.70), ("fedvarp", 0.60))])
+    gains = conv.paired_gains(runs)
+    text = conv.describe_gains_by_gamma(gains, "fmnist", steer="FedSteer")
+    assert text.index("At γ = 0.9") < text.index("At γ = 0.7")  # the highest gamma first
+    # 6 seeds, FedSteer 0.825 on average against FedAvg's 0.70: +0.125, +17.9 %, the paper's +8.8 % beside it
+    assert ("with today's normalised baselines, FedSteer ends +0.125 (+17.9 %; the paper: +8.8 %) from the best of them, "
+            "FedAvg (0.700), winning 6 of 6 seeds, Holm-adjusted p < 0.001: FedSteer higher") in text
+    assert "(+17.9 %; the paper: +7.8 %)" in text  # gamma = 0.7
+    assert "the paper" not in conv.describe_gains_by_gamma(gains, steer="FedSteer")  # no data set, no paper figure
+    assert conv.describe_gains_by_gamma(gains, "fmnist", runs_missing=3) == "Not yet: 3 runs of this group are still being computed."
+    assert conv.describe_gains_by_gamma(gains.iloc[0:0]) == "No paired runs yet."

@@ -21,7 +21,7 @@ from .stats import counted, tested_verdicts
 from .table_display import table_or_note
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
-           "paired_gains_display", "describe_paired_gains", "BASELINE_SETS", "setting_claims", "setting_claims_display",
+           "paired_gains_display", "describe_paired_gains", "describe_gains_by_gamma", "BASELINE_SETS", "setting_claims", "setting_claims_display",
            "describe_setting_claims", "claims_by_setting", "describe_open_groups"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
@@ -185,17 +185,34 @@ def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist", runs_miss
     return pd.DataFrame(rows)
 
 
-def describe_paired_gains(gains: pd.DataFrame, gamma: float, steer: str = "FedSteer (as written)") -> str:
+def describe_paired_gains(gains: pd.DataFrame, gamma: float, steer: str = "FedSteer (as written)",
+                          dataset: str | None = None) -> str:
     """One sentence per convention set: FedSteer's (`steer`) paired gain over that set's best
-    baseline at `gamma`, with seeds won and the corrected test's verdict."""
+    baseline at `gamma`, with seeds won and the corrected test's verdict, and (given `dataset`)
+    the paper's relative gain beside ours."""
     parts = []
+    paper = np.nan if dataset is None else paper_value_for(dataset, gamma, "gain_vs_best_baseline", "fedsteer")
+    beside = "" if np.isnan(paper) else f"; the paper: {100 * paper:+.1f} %"
     for _, r in gains[np.isclose(gains["gamma"], gamma) & (gains["fedsteer"] == steer)].iterrows():
-        test = ("" if pd.isna(r["p_holm"]) else f", Holm-adjusted p = {r['p_holm']:.3f}")
+        p = r["p_holm"]
+        test = "" if pd.isna(p) else (", Holm-adjusted p < 0.001" if p < 0.0005 else f", Holm-adjusted p = {p:.3f}")
         parts.append(f"with {_CONVENTION_PHRASES[r['convention']]}, {steer} ends "
-                     f"{r['gain']:+.3f} ({100 * r['relative_gain']:+.1f} %) from the best of them, "
+                     f"{r['gain']:+.3f} ({100 * r['relative_gain']:+.1f} %{beside}) from the best of them, "
                      f"{r['best_baseline']} ({r['baseline_mean']:.3f}), winning {r['wins']} of {r['n']} seeds{test}: "
                      f"{r['verdict']}")
     return f"At γ = {gamma:g}, " + "; ".join(parts) + "." if parts else f"No paired runs at γ = {gamma:g}."
+
+
+def describe_gains_by_gamma(gains: pd.DataFrame, dataset: str | None = None, runs_missing: int = 0,
+                   steer: str = "FedSteer (as written)") -> str:
+    """`describe_paired_gains` at every gamma of `gains` (a `paired_gains` table), the highest
+    first; while `runs_missing` runs of its group are not in, a sentence saying so instead (no
+    verdict from an incomplete group)."""
+    if runs_missing:
+        return f"Not yet: {counted(runs_missing, 'run')} of this group {'is' if runs_missing == 1 else 'are'} still being computed."
+    if gains.empty:
+        return "No paired runs yet."
+    return " ".join(describe_paired_gains(gains, gamma, steer, dataset) for gamma in sorted(gains["gamma"].unique(), reverse=True))
 
 
 # What the verdict of a paired test (`stats.tested_verdicts`, a = the claim's winner) says of a claim.
