@@ -167,7 +167,11 @@ def test_server_step_table_chooses_only_complete_methods():
                          for r, lr, g, a in [("fedavg", 0.5, 0.7, 0.80), ("fedavg", 0.5, 0.9, 0.70),
                                              ("fedavg", 1.0, 0.7, 0.78), ("fedavg", 1.0, 0.9, 0.74),
                                              ("fedsteer", 1.0, 0.7, 0.81)]])
-    t = steps.server_step_table(runs, (0.5, 1.0)).set_index("method")
+    runs["beta"] = np.nan
+    stale = pd.DataFrame([{"role": "fedstale", "server_lr": lr, "gamma": g, "final_accuracy": 0.7, "beta": 0.7}
+                          for lr in (0.5, 1.0) for g in (0.7, 0.9)])
+    t = steps.server_step_table(pd.concat([runs, stale], ignore_index=True), (0.5, 1.0)).set_index("method")
+    assert "FedStale (β = 0.7)" in t.index  # searched at one beta: named by it, not "best β"
     assert t.loc["FedAvg", "η_s = 0.5"] == "0.750" and t.loc["FedAvg", "η_s = 1"] == "0.760"
     assert t.loc["FedAvg", "chosen η_s"] == "1"  # 0.76 > 0.75
     assert t.loc["FedSteer", "η_s = 1"] == "—" and t.loc["FedSteer", "chosen η_s"] == "—"  # gamma 0.9 missing

@@ -33,7 +33,7 @@ def server_step_table(runs: pd.DataFrame, server_lrs: Sequence[float] = SERVER_L
     rows = []
     for role, mine in runs.groupby("role", sort=False):
         means = mine.groupby("server_lr")[metric].agg(["mean", "count"])
-        row = {"method": display_name(role)}
+        row = {"method": _role_name(role, runs)}
         for lr in server_lrs:
             done = lr in means.index and means.loc[lr, "count"] == gammas
             row[f"η_s = {lr:g}"] = f"{means.loc[lr, 'mean']:.3f}" if done else "—"
