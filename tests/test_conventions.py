@@ -200,6 +200,13 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
     row = table.loc[("0.9", "FedAvg (unbiased)")]
     assert row["its η_s"] == "0.25" and row["at η_s = 1"] == "0.500 ± 0.000"
     assert row["at its η_s"] == "0.805 ± 0.007 (1 of 2 collapsed)"
+    # on the test split: FedAvg (unbiased) 0.805 at its step against 0.500 at the frozen one, at both gammas
+    assert steps.describe_step_effects(at_one, own, choices, "fmnist") == (
+        "At γ = 0.9, of the 1 method given another step, 1 ends higher (by 0.305) at it than at η_s = 1. "
+        "At γ = 0.7, of the 1 method given another step, 1 ends higher (by 0.305) at it than at η_s = 1.")
+    worse = own.assign(final_accuracy=np.where(np.isclose(own["gamma"], 0.7), 0.45, own["final_accuracy"]))
+    assert steps.describe_step_effects(at_one, worse, choices, "fmnist").endswith(
+        "At γ = 0.7, of the 1 method given another step, 1 ends lower (by 0.050) at it than at η_s = 1.")
     # while the reruns come in, a cell says how many of the seeds it holds
     _, partial = steps.own_step_runs(frozen, reruns[reruns["seed"] == 1], choices, "fmnist")
     row = steps.own_step_display(at_one, partial, choices, "fmnist").set_index(["γ", "method"]).loc[("0.9", "FedAvg (unbiased)")]
@@ -216,6 +223,7 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
     empty_one, empty_own = steps.own_step_runs(frozen, reruns.iloc[0:0], None, "fmnist")
     assert empty_one.empty and empty_own.empty and steps.own_step_display(empty_one, empty_own, None).empty
     assert steps.describe_own_steps(None, 0).startswith("The search is not complete")
+    assert steps.describe_step_effects(empty_one, empty_own, None) == "No method given another step has its runs in yet."
     text = steps.describe_own_steps(choices, 16, "fmnist")
     assert text.startswith("Of the 3 methods searched, 2 keep η_s = 1 (FedSteer, FedStale (β = 0.7)); "
                            "FedAvg (unbiased) gets η_s = 0.25. That method is rerun at its own step")

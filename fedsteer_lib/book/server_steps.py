@@ -16,7 +16,7 @@ from ..experiments.registry import display_name, role_of
 from .conventions import _cell, _role_name, _stats
 from .stats import counted
 
-__all__ = ["server_step_table", "own_step_runs", "own_step_display", "describe_own_steps"]
+__all__ = ["server_step_table", "own_step_runs", "own_step_display", "describe_own_steps", "describe_step_effects"]
 
 
 def server_step_table(runs: pd.DataFrame, server_lrs: Sequence[float] = SERVER_LRS,
@@ -113,3 +113,30 @@ def describe_own_steps(choices: Mapping[MethodSpec, float] | None, reruns_missin
                  + (f"; {reruns_missing} of {'its' if len(moved) == 1 else 'their'} runs are still being computed "
                     "(`python -m fedsteer_lib sweep --what server_step`)." if reruns_missing else "."))
     return text
+
+
+def describe_step_effects(frozen: pd.DataFrame, own: pd.DataFrame, choices: Mapping[MethodSpec, float] | None,
+                          dataset: str = "fmnist", metric: str = "final_accuracy") -> str:
+    """What the chosen steps did on the test split (the two tables of `own_step_runs`): per gamma,
+    how many of the methods given another step end higher and how many lower at it than at the
+    frozen step, by their mean over the seeds, with the range of the changes (a sentence saying so
+    while no method has another step or its runs are not in)."""
+    frozen_step = TUNED[dataset].server_lr
+    moved = [role for role, lr in _step_roles(choices or {}, dataset).items() if lr != frozen_step]
+    sentences = []
+    for gamma in sorted(set(own["gamma"]), reverse=True):
+        change = {}
+        for role in moved:
+            at = [t.loc[(t["role"] == role) & np.isclose(t["gamma"], gamma), metric].mean() for t in (frozen, own)]
+            if not np.isnan(at).any():
+                change[role] = at[1] - at[0]
+        if not change:
+            continue
+        up, down = [c for c in change.values() if c > 0], [c for c in change.values() if c <= 0]
+        parts = [f"{'all ' if len(group) == len(change) > 1 else ''}{len(group)} end{'s' if len(group) == 1 else ''} {word} "
+                 + (f"(by {abs(group[0]):.3f})" if len(group) == 1 else
+                    f"(by {min(map(abs, group)):.3f} to {max(map(abs, group)):.3f})")
+                 for group, word in ((up, "higher"), (down, "lower")) if group]
+        sentences.append(f"At γ = {gamma:g}, of the {counted(len(change), 'method')} given another step, "
+                         + " and ".join(parts) + f" at it than at η_s = {frozen_step:g}.")
+    return " ".join(sentences) or "No method given another step has its runs in yet."
