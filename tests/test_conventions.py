@@ -160,6 +160,10 @@ def test_claims_are_checked_only_in_settings_whose_runs_are_all_in():
     assert conv.claims_by_setting({"one": ("x", runs, 1)})[1]["one"]._repr_markdown_().startswith("Not yet: 1 run of this setting is")
     assert shown["unfixed"]._repr_markdown_().startswith("Not yet: this setting is fixed only once")
     assert conv.claims_by_setting({"coming": ("partial", runs, 3)})[0] == "No claim can be checked yet."
+    # FedStale run at one beta only (the own-step setting) is named by it, not "best β"
+    stale = pd.concat([runs, _claim_runs([(0.9, s, "fedstale", 0.70 + 0.01 * s) for s in seeds]).assign(beta=0.7)])
+    best = conv.setting_claims({"one beta": stale}).set_index(["convention", "claim"]).loc[("framework", "FedSteer beats the best baseline")]
+    assert best["b"] == "FedStale (β = 0.7)"
 
 
 def test_server_step_table_chooses_only_complete_methods():

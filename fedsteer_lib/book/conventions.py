@@ -265,7 +265,7 @@ def setting_claims(settings: Mapping[str, pd.DataFrame], dataset: str = "fmnist"
                     diff, margin = both[a] - both[b], both[a] - factor * both[b]
                     margins.append(margin.tolist())
                     rows.append({"setting": setting, "convention": conv, "gamma": float(gamma), "claim": claim,
-                                 "a": display_name(a), "b": display_name(b), "paper": paper,
+                                 "a": _role_name(a, at_gamma), "b": _role_name(b, at_gamma), "paper": paper,
                                  "rel_mean": float(diff.mean() / both[b].mean()),
                                  "rel_std": float(diff.std(ddof=1) / both[b].mean()) if len(diff) > 1 else np.nan,
                                  "n": int(len(both)), "wins": int((margin > 0).sum())})
