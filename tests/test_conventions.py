@@ -257,3 +257,20 @@ def test_gains_in_words_with_the_papers_figure_and_no_verdict_while_runs_are_mis
     assert "the paper" not in conv.describe_gains_by_gamma(gains, steer="FedSteer")  # no data set, no paper figure
     assert conv.describe_gains_by_gamma(gains, "fmnist", runs_missing=3) == "Not yet: 3 runs of this group are still being computed."
     assert conv.describe_gains_by_gamma(gains.iloc[0:0]) == "No paired runs yet."
+
+
+def test_gain_overview_puts_every_setting_side_by_side():
+    from fedsteer_lib.book.gain_overview import gain_overview
+
+    runs = _runs([
+        (g, s, r, np.nan, a + (0.01 * s if r == "fedsteer" else 0), False) for g in (0.7, 0.9) for s in range(6)
+        for r, a in (("fedsteer", 0.80), ("fedavg", 0.70), ("fedvarp", 0.60))])
+    gains = conv.paired_gains(runs)
+    table = gain_overview({"done": (gains, 0), "coming": (gains, 4), "nothing": (gains.iloc[0:0], 0)}, "fmnist", steer="FedSteer")
+    assert list(table.columns) == ["setting", "γ", "today's (normalised)", "FedStale code base's", "paper"]
+    assert list(zip(table["setting"], table["γ"])) == [("done", "0.9"), ("done", "0.7"), ("coming", "0.9"), ("coming", "0.7")]
+    first = table.iloc[0]
+    assert first["today's (normalised)"] == "+17.9 % over FedAvg (6 of 6 seeds; FedSteer higher)"
+    assert first["FedStale code base's"].startswith("+37.5 % over FedVARP (6 of 6 seeds;") and first["paper"] == "+8.8 %"
+    assert table.iloc[2]["today's (normalised)"] == "+17.9 % over FedAvg (6 of 6 seeds; no verdict yet)"
+    assert gain_overview({"none": (gains.iloc[0:0], 0)}).empty
