@@ -160,6 +160,10 @@ def test_claims_are_checked_only_in_settings_whose_runs_are_all_in():
     assert conv.claims_by_setting({"one": ("x", runs, 1)})[1]["one"]._repr_markdown_().startswith("Not yet: 1 run of this setting is")
     assert shown["unfixed"]._repr_markdown_().startswith("Not yet: this setting is fixed only once")
     assert conv.claims_by_setting({"coming": ("partial", runs, 3)})[0] == "No claim can be checked yet."
+    # a complete setting with nothing to pair: a sentence, not an empty table
+    unpaired = conv.claims_by_setting({"bare": ("no FedSteer", runs[runs["role"] != "fedsteer"], 0)})[1]["bare"]
+    assert unpaired._repr_markdown_().startswith("No claim can be checked in this setting")
+    assert {"setting", "verdict", "p_holm"} <= set(conv.setting_claims({}).columns)
     # FedStale run at one beta only (the own-step setting) is named by it, not "best β"
     stale = pd.concat([runs, _claim_runs([(0.9, s, "fedstale", 0.70 + 0.01 * s) for s in seeds]).assign(beta=0.7)])
     best = conv.setting_claims({"one beta": stale}).set_index(["convention", "claim"]).loc[("framework", "FedSteer beats the best baseline")]
@@ -221,7 +225,7 @@ def test_own_step_runs_take_each_method_at_its_chosen_step():
     # a group still being computed gets its p-values shown but no verdict
     shown = conv.paired_gains_display(conv.paired_gains(own), "fmnist")
     assert "none yet" not in " ".join(shown["verdict"])
-    waiting = conv.paired_gains_display(conv.paired_gains(own), "fmnist", runs_missing=3)
+    waiting = conv.paired_gains_display(conv.withhold_verdicts(conv.paired_gains(own), 3), "fmnist")
     assert set(waiting["verdict"]) == {"none yet (3 runs missing)"} and list(waiting["p (Holm)"]) == list(shown["p (Holm)"])
     # before the search is complete: nothing, and the sentence says so
     empty_one, empty_own = steps.own_step_runs(frozen, reruns.iloc[0:0], None, "fmnist")
@@ -266,11 +270,16 @@ def test_gain_overview_puts_every_setting_side_by_side():
         (g, s, r, np.nan, a + (0.01 * s if r == "fedsteer" else 0), False) for g in (0.7, 0.9) for s in range(6)
         for r, a in (("fedsteer", 0.80), ("fedavg", 0.70), ("fedvarp", 0.60))])
     gains = conv.paired_gains(runs)
-    table = gain_overview({"done": (gains, 0), "coming": (gains, 4), "nothing": (gains.iloc[0:0], 0)}, "fmnist", steer="FedSteer")
+    table = gain_overview({"done": gains, "coming": conv.withhold_verdicts(gains, 4), "nothing": gains.iloc[0:0]},
+                          "fmnist", steer="FedSteer")
     assert list(table.columns) == ["setting", "γ", "today's (normalised)", "FedStale code base's", "paper"]
     assert list(zip(table["setting"], table["γ"])) == [("done", "0.9"), ("done", "0.7"), ("coming", "0.9"), ("coming", "0.7")]
     first = table.iloc[0]
     assert first["today's (normalised)"] == "+17.9 % over FedAvg (6 of 6 seeds; FedSteer higher)"
     assert first["FedStale code base's"].startswith("+37.5 % over FedVARP (6 of 6 seeds;") and first["paper"] == "+8.8 %"
-    assert table.iloc[2]["today's (normalised)"] == "+17.9 % over FedAvg (6 of 6 seeds; no verdict yet)"
-    assert gain_overview({"none": (gains.iloc[0:0], 0)}).empty
+    assert table.iloc[2]["today's (normalised)"] == "+17.9 % over FedAvg (6 of 6 seeds; none yet (4 runs missing))"
+    assert gain_overview({"none": gains.iloc[0:0]}).empty
+    # nothing to pair: the table still has its columns, so every reader of it works unchanged
+    nothing = conv.paired_gains(runs.iloc[0:0])
+    assert nothing.empty and {"gamma", "fedsteer", "verdict", "p_holm"} <= set(nothing.columns)
+    assert gain_overview({"none": nothing}).empty and conv.paired_gains_display(nothing).empty

@@ -21,7 +21,7 @@ from .stats import counted, tested_verdicts
 from .table_display import table_or_note
 
 __all__ = ["CONVENTION_PAIRS", "role_runs", "at_best_fedstale_beta", "convention_table", "convention_display", "paired_gains",
-           "paired_gains_display", "describe_paired_gains", "describe_gains_by_gamma", "BASELINE_SETS", "setting_claims", "setting_claims_display",
+           "withhold_verdicts", "paired_gains_display", "describe_paired_gains", "describe_gains_by_gamma", "BASELINE_SETS", "setting_claims", "setting_claims_display",
            "describe_setting_claims", "claims_by_setting", "describe_open_groups"]
 
 # (row, today's normalised convention, the FedStale code base's convention)
@@ -103,6 +103,10 @@ def convention_table(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.D
     return pd.DataFrame(rows)
 
 
+_GAIN_COLUMNS = ["gamma", "convention", "fedsteer", "best_baseline", "fedsteer_mean", "baseline_mean", "gain", "gain_std",
+                 "relative_gain", "wins", "n", "p", "p_holm", "verdict"]
+
+
 def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
     """FedSteer's gain over the best baseline of each convention set (best by mean over seeds),
     paired by seed: per (gamma, convention, FedSteer ordering) the mean and std of the per-seed
@@ -130,11 +134,18 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
                              "gain_std": float(diff.std(ddof=1)) if len(diff) > 1 else np.nan,
                              "relative_gain": float(diff.mean() / both[best].mean()),
                              "wins": int((diff > 0).sum()), "n": int(len(diff))})
-    out = pd.DataFrame(rows)
-    if rows:
-        tests = tested_verdicts(diffs)
-        out[["p", "p_holm", "verdict"]] = tests[["p", "p_holm", "verdict"]].values
+    out = pd.DataFrame(rows, columns=_GAIN_COLUMNS[:-3])
+    tests = tested_verdicts(diffs) if rows else pd.DataFrame(columns=["p", "p_holm", "verdict"])
+    out[["p", "p_holm", "verdict"]] = tests[["p", "p_holm", "verdict"]].values
     return out
+
+
+def withhold_verdicts(gains: pd.DataFrame, runs_missing: int) -> pd.DataFrame:
+    """`gains` (a `paired_gains` table) as it may be shown while `runs_missing` runs of its group
+    are not in: every verdict reads "none yet (N runs missing)" (the p-values stay)."""
+    if not runs_missing:
+        return gains
+    return gains.assign(verdict=f"none yet ({counted(runs_missing, 'run')} missing)")
 
 
 _CONVENTION_NAMES = {"normalised": "today's (normalised)", "framework": "FedStale code base's"}
@@ -170,9 +181,9 @@ def convention_display(table: pd.DataFrame, dataset: str = "fmnist") -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist", runs_missing: int = 0) -> pd.DataFrame:
-    """`paired_gains` for reading, with the paper's relative gain over its best baseline. While
-    `runs_missing` runs of the group are not in, no verdict is drawn (the p-values are shown)."""
+def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist") -> pd.DataFrame:
+    """`paired_gains` (or `withhold_verdicts` of it) for reading, with the paper's relative gain
+    over its best baseline."""
     rows = []
     for _, r in gains.iterrows():
         paper = paper_value_for(dataset, r["gamma"], "gain_vs_best_baseline", "fedsteer")
@@ -180,7 +191,7 @@ def paired_gains_display(gains: pd.DataFrame, dataset: str = "fmnist", runs_miss
                      "FedSteer": r["fedsteer"], "best baseline": r["best_baseline"],
                      "gain (paired)": f"{r['gain']:+.3f} ± {r['gain_std']:.3f}" if r["n"] > 1 else f"{r['gain']:+.3f}",
                      "relative": f"{100 * r['relative_gain']:+.1f} %", "seeds won": f"{r['wins']} of {r['n']}",
-                     "p (Holm)": "—" if pd.isna(r["p_holm"]) else f"{r['p_holm']:.3f}", "verdict": f"none yet ({counted(runs_missing, 'run')} missing)" if runs_missing else r["verdict"],
+                     "p (Holm)": "—" if pd.isna(r["p_holm"]) else f"{r['p_holm']:.3f}", "verdict": r["verdict"],
                      "paper": "" if np.isnan(paper) else f"{100 * paper:+.1f} %"})
     return pd.DataFrame(rows)
 
@@ -269,10 +280,9 @@ def setting_claims(settings: Mapping[str, pd.DataFrame], dataset: str = "fmnist"
                                  "rel_mean": float(diff.mean() / both[b].mean()),
                                  "rel_std": float(diff.std(ddof=1) / both[b].mean()) if len(diff) > 1 else np.nan,
                                  "n": int(len(both)), "wins": int((margin > 0).sum())})
-    out = pd.DataFrame(rows)
-    if not rows:
-        return out
-    tests = tested_verdicts(margins, a="a")
+    out = pd.DataFrame(rows, columns=["setting", "convention", "gamma", "claim", "a", "b", "paper", "rel_mean", "rel_std",
+                                      "n", "wins"])
+    tests = tested_verdicts(margins, a="a") if rows else pd.DataFrame(columns=["p_holm", "verdict"])
     out["p_holm"] = tests["p_holm"].values
     out["verdict"] = [_CLAIM_WORDS.get(w, "indicative") for w in tests["verdict"]]
     return out
@@ -347,7 +357,7 @@ def claims_by_setting(settings: Mapping[str, tuple[str, pd.DataFrame, int | None
     shown: dict[str, object] = {}
     for name, (title, _, missing_runs) in settings.items():
         if missing_runs == 0:
-            shown[name] = table_or_note(setting_claims_display(claims, title) if len(claims) else claims,
+            shown[name] = table_or_note(setting_claims_display(claims, title),
                                         "No claim can be checked in this setting: none of its runs pair FedSteer "
                                         "with a baseline by seed.")
         elif missing_runs is None:

@@ -15,17 +15,17 @@ from .paper import paper_value_for
 __all__ = ["gain_overview"]
 
 
-def gain_overview(gains_by_setting: Mapping[str, tuple[pd.DataFrame, int]], dataset: str = "fmnist",
+def gain_overview(gains_by_setting: Mapping[str, pd.DataFrame], dataset: str = "fmnist",
                   steer: str = "FedSteer (as written)") -> pd.DataFrame:
     """One row per (setting, gamma), highest gamma first: FedSteer's (`steer`) relative gain over
     each convention set's best baseline, that baseline, seeds won and the verdict of the setting's
-    own Holm family (`gains_by_setting`: setting in words -> (its `paired_gains`, how many of its
-    runs are not in; while any are missing the cell says "no verdict yet")), and the paper's
-    relative gain over its best baseline. "—" where a setting has no such pair."""
+    own Holm family (`gains_by_setting`: setting in words -> its `paired_gains`, through
+    `conventions.withhold_verdicts` while its runs are coming in), and the paper's relative gain
+    over its best baseline. "—" where a setting has no such pair."""
     rows = []
-    for setting, (gains, missing_runs) in gains_by_setting.items():
-        mine = gains[gains["fedsteer"] == steer] if len(gains) else gains
-        for gamma in sorted(set(mine["gamma"]) if len(mine) else [], reverse=True):
+    for setting, gains in gains_by_setting.items():
+        mine = gains[gains["fedsteer"] == steer]
+        for gamma in sorted(set(mine["gamma"]), reverse=True):
             paper = paper_value_for(dataset, gamma, "gain_vs_best_baseline", "fedsteer")
             row = {"setting": setting, "γ": f"{gamma:g}"}
             for conv, name in _CONVENTION_NAMES.items():
@@ -34,9 +34,8 @@ def gain_overview(gains_by_setting: Mapping[str, tuple[pd.DataFrame, int]], data
                     row[name] = "—"
                     continue
                 r = r.iloc[0]
-                verdict = "no verdict yet" if missing_runs else r["verdict"]
                 row[name] = (f"{100 * r['relative_gain']:+.1f} % over {r['best_baseline']} "
-                             f"({r['wins']} of {r['n']} seeds; {verdict})")
+                             f"({r['wins']} of {r['n']} seeds; {r['verdict']})")
             row["paper"] = "—" if np.isnan(paper) else f"{100 * paper:+.1f} %"
             rows.append(row)
     return pd.DataFrame(rows)
