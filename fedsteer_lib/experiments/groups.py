@@ -223,7 +223,7 @@ def _tuning(dataset: str, profile: str | Profile, device: str) -> dict[str, list
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
 # chapters show the runs that are cached and say how many are missing; `make book` never
 # computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
-IN_PROGRESS: frozenset[str] = frozenset({"regime_map"})
+IN_PROGRESS: frozenset[str] = frozenset()
 
 
 # What `--what` selects: each entry returns {group name: configs}.
