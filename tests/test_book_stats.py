@@ -50,6 +50,8 @@ def test_verdict_words_need_five_seeds_and_the_corrected_test():
     assert math.isnan(v.loc[2, "p_holm"])  # the indicative comparison does not enter the family
     assert v.loc[0, "p_holm"] == pytest.approx(min(1, 2 * v.loc[0, "p"]))  # a family of two
     assert stats.tested_verdicts([[-x for x in strong]])["verdict"][0] == "FedSteer lower"
+    # an empty family: no rows, every column (its callers read them without a special case)
+    assert stats.tested_verdicts([]).empty and list(stats.tested_verdicts([]).columns) == ["n", "mean", "se", "t", "p", "p_holm", "verdict"]
 
 
 # ------------------------------------------------------------------ paired comparisons as one family

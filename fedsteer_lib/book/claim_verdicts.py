@@ -82,7 +82,7 @@ def claim_verdicts(claims: pd.DataFrame, runs: pd.DataFrame, metric: str = "fina
             if not m.empty:
                 margins.append((a, b, factor, dataset, gamma, m))
                 owner.append(i)
-    tests = tested_verdicts([m["margin"].tolist() for *_, m in margins], a="a") if margins else pd.DataFrame()
+    tests = tested_verdicts([m["margin"].tolist() for *_, m in margins], a="a")
     first = runs.drop_duplicates(["dataset", "label"])
     name = {(ds, lab): table_name(s, ds) for ds, lab, s in zip(first["dataset"], first["label"], method_specs(first))}
     out = []

@@ -135,7 +135,7 @@ def paired_gains(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataF
                              "relative_gain": float(diff.mean() / both[best].mean()),
                              "wins": int((diff > 0).sum()), "n": int(len(diff))})
     out = pd.DataFrame(rows, columns=_GAIN_COLUMNS[:-3])
-    tests = tested_verdicts(diffs) if rows else pd.DataFrame(columns=["p", "p_holm", "verdict"])
+    tests = tested_verdicts(diffs)
     out[["p", "p_holm", "verdict"]] = tests[["p", "p_holm", "verdict"]].values
     return out
 
@@ -282,7 +282,7 @@ def setting_claims(settings: Mapping[str, pd.DataFrame], dataset: str = "fmnist"
                                  "n": int(len(both)), "wins": int((margin > 0).sum())})
     out = pd.DataFrame(rows, columns=["setting", "convention", "gamma", "claim", "a", "b", "paper", "rel_mean", "rel_std",
                                       "n", "wins"])
-    tests = tested_verdicts(margins, a="a") if rows else pd.DataFrame(columns=["p_holm", "verdict"])
+    tests = tested_verdicts(margins, a="a")
     out["p_holm"] = tests["p_holm"].values
     out["verdict"] = [_CLAIM_WORDS.get(w, "indicative") for w in tests["verdict"]]
     return out

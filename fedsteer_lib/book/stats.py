@@ -277,9 +277,10 @@ def tested_verdicts(diffs_by_comparison: Sequence[Sequence[float]], a: str = "Fe
     """One family of paired comparisons (each a list of per-seed differences a - b): paired
     t-test, Holm-adjusted p over the family, and the verdict it allows: "a higher" / "a lower"
     when the adjusted p < alpha with at least MIN_SEEDS_FOR_VERDICT seeds, "no clear difference"
-    otherwise, "indicative (n = 2, no test)" below that many seeds (those do not enter the family)."""
+    otherwise, "indicative (n = 2, no test)" below that many seeds (those do not enter the family).
+    An empty family gives an empty table with the same columns."""
     tests = [paired_t_test(d) for d in diffs_by_comparison]
     adjusted = holm([t["p"] if t["n"] >= MIN_SEEDS_FOR_VERDICT else float("nan") for t in tests])
     return pd.DataFrame([{**t, "p_holm": adj, "verdict": _word(t["n"], t["mean"], adj, f"{a} higher", f"{a} lower",
                                                                 alpha=alpha)}
-                         for t, adj in zip(tests, adjusted)])
+                         for t, adj in zip(tests, adjusted)], columns=["n", "mean", "se", "t", "p", "p_holm", "verdict"])
