@@ -77,6 +77,7 @@ COMMA := ,
 PROFILE_STAMP := book/chapters/.profile-$(PROFILE)$(if $(SEEDS),-seeds-$(subst $(COMMA),_,$(SEEDS)))
 SEEDS_ARG := $(if $(SEEDS),-y "seeds: [$(SEEDS)]")
 $(PROFILE_STAMP):
+	$(if $(SEEDS),$(PYTHON) -m fedsteer_lib check-seeds "$(SEEDS)")
 	rm -rf book/chapters && mkdir -p book/chapters && touch $@
 
 book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) $(PROFILE_STAMP) | setup

@@ -1,7 +1,7 @@
 """`python -m fedsteer_lib ...`: the command line (see `experiments.cli`).
 
-`doctor` and `system-packages` need only the standard library (they run before the set-up),
-so they are dispatched before anything that imports torch."""
+`doctor`, `system-packages` and `check-seeds` need only the standard library (they run before
+the set-up), so they are dispatched before anything that imports torch."""
 import sys
 
 
@@ -11,6 +11,10 @@ def main(argv: list[str] | None = None) -> int:
         from .experiments import doctor
 
         return doctor.report() if argv[0] == "doctor" else (1 if doctor.install_system_packages() else 0)
+    if argv[:1] == ["check-seeds"]:  # `make book SEEDS=...` checks its value before it deletes anything
+        from .experiments.seeds import _main
+
+        return _main(argv[1:])
     from .experiments.cli import main as cli_main
 
     return cli_main(argv)

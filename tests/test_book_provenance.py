@@ -47,6 +47,7 @@ def fake(tmp_path) -> tuple[Path, dict[str, list[RunConfig]]]:
     _store(root, C, 1800.0, 0.60, device="cuda:0 (H200)", threads=1, torch="2.1", python="3.11.7",
            code_version="v0", date="2025-12-31T00:00:00+00:00")
     stale = json.loads(run_path(A, root).read_text())
+    stale.update(key=STALE.key(), config=STALE.to_dict(with_device=False))  # STALE's own run, in the old form
     stale["summary"].update(collapsed=True)
     del stale["summary"]["accuracy_before_collapse"]
     run_path(STALE, root).write_text(json.dumps(stale))
@@ -96,7 +97,7 @@ def test_all_runs_table_by_hand(fake):
 
 def test_write_generated(fake, tmp_path, monkeypatch):
     root, groups = fake
-    monkeypatch.setattr(provenance, "run_groups", lambda dataset, profile: groups)
+    monkeypatch.setattr(provenance, "run_groups", lambda dataset, profile, root: groups)
     out = tmp_path / "generated"
     with pytest.warns(UserWarning):
         paths = provenance.write_generated(out, root=root)
@@ -122,7 +123,7 @@ def generated(tmp_path_factory) -> dict[str, Path]:
 
 def test_generated_files_from_the_committed_results(generated):
     root = results_root("paper")
-    groups = {name: configs for name, configs in run_groups("fmnist", "paper").items() if configs}
+    groups = {name: configs for name, configs in run_groups("fmnist", "paper", root=root).items() if configs}
     with warnings.catch_warnings():  # results stored in an outdated form: not counted, said elsewhere
         warnings.simplefilter("ignore")
         cached = {c.key() for configs in groups.values() for c in configs if has_run(c, root)}

@@ -51,7 +51,7 @@ def test_results_under_a_file_or_unwritable_is_refused(capsys, tmp_path):
     (tmp_path / "a_file").write_text("")
     assert "cannot write results there" in _error(capsys, "sweep", "--results", str(tmp_path / "a_file" / "results"))
     # /sys refuses new directories even to root (chmod would not stop root)
-    assert "--results /sys/fedsteer-results: cannot write results there" in _error(
+    assert "--results /sys/fedsteer-results: it does not exist and cannot be created: /sys does not let" in _error(
         capsys, "sweep", "--results", "/sys/fedsteer-results")
 
 

@@ -18,7 +18,7 @@ from fedsteer_lib.book.methods import label_without_warmup
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, get_profile, method
 from fedsteer_lib.experiments.groups import convergence_grid, server_step_grid, stability_grid
 from fedsteer_lib.experiments.tuning import select_server_steps
-from fedsteer_lib.experiments.results import runs_table
+from fedsteer_lib.experiments.results import results_root, runs_table
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -98,7 +98,7 @@ def test_committed_results_cover_the_whole_fashion_mnist_paper_grid():
     from fedsteer_lib.experiments.groups import IN_PROGRESS, run_groups
 
     rows = {line.split()[0]: line.split()[1:4] for line in out.splitlines() if "runs cached" in line}
-    assert set(rows) == set(run_groups("fmnist", "paper")), out
+    assert set(rows) == set(run_groups("fmnist", "paper", root=results_root("paper"))), out
     for name, (cached, _, total) in rows.items():
         if name in IN_PROGRESS:  # a finished group must leave IN_PROGRESS (its chapter then needs every run)
             assert cached != total or total == "0", f"{name} is complete: remove it from groups.IN_PROGRESS\n{out}"

@@ -18,6 +18,7 @@ import seaborn as sns
 from ..experiments.config import DATASET_DEFAULTS, ConfigError, Profile, RunConfig, get_profile
 from ..experiments.groups import IN_PROGRESS
 from ..experiments.results import history_table, results_root, runs_table
+from ..experiments.seeds import check_seeds
 from ..experiments.sweep import missing, run_grid
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,9 +72,9 @@ def setup(profile: str = "quick", dataset: str = "fmnist", seeds: Sequence[int] 
     prof = get_profile(profile)
     if dataset not in DATASET_DEFAULTS:
         raise ConfigError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {dataset!r}")
-    if workers < 1:
+    if not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
-    seeds = tuple(prof.seeds if seeds is None else seeds)
+    seeds = prof.seeds if seeds is None else check_seeds(seeds)
     if prof.seeds != seeds:
         prof = replace(prof, seeds=seeds)
     matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 110, "figure.figsize": (7.0, 4.0)})

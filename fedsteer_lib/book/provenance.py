@@ -143,7 +143,7 @@ def write_generated(out_dir: str | os.PathLike, dataset: str = "fmnist", profile
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     root = results_root(profile) if root is None else Path(root)
-    groups = run_groups(dataset, profile)
+    groups = run_groups(dataset, profile, root=root)
     paths = {"runtime": out / "runtime.md", "runs": out / "runs.csv"}
     _write_if_changed(paths["runtime"], runtime_markdown(runtime_table(groups, root)))
     _write_if_changed(paths["runs"], all_runs_table(groups, root).to_csv(index=False))

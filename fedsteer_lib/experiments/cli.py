@@ -74,23 +74,31 @@ def main(argv: list[str] | None = None) -> int:
         return doctor.report() if args.command == "doctor" else (1 if doctor.install_system_packages() else 0)
 
     if args.command == "data":
-        from ..simulator.data import DatasetNotFoundError, ensure_fashion_mnist
+        from ..simulator.data import DatasetCorruptError, DatasetNotFoundError, ensure_fashion_mnist
 
         try:
             print(ensure_fashion_mnist())
-        except DatasetNotFoundError as err:
+        except (DatasetNotFoundError, DatasetCorruptError) as err:
             print(err, file=sys.stderr)
             return 1
         return 0
 
-    from ..simulator.data import DatasetNotFoundError, load_dataset
+    from pathlib import Path
+
+    from ..simulator.data import DatasetNotFoundError, dataset_status, load_dataset
     from .groups import run_groups
-    from .results import RESULTS_DIR, results_root
+    from .results import RESULTS_DIR, layout_problems, results_root
     from .sweep import complete_seeds, missing, run_grid
 
     if args.command in ("tune", "sweep"):  # fail before any work, with the message that says how to get the data
+        split = DATASET_DEFAULTS[args.dataset].get("split", "balanced")
+        found = dataset_status(args.dataset, split)
+        if found.status == "corrupt":
+            print(f"{args.dataset} is corrupt: {found.detail} (python -m fedsteer_lib doctor says how to fix it)",
+                  file=sys.stderr)
+            return 1
         try:
-            load_dataset(args.dataset, split=DATASET_DEFAULTS[args.dataset].get("split", "balanced"))
+            load_dataset(args.dataset, split=split)
         except DatasetNotFoundError as err:
             print(err, file=sys.stderr)
             return 1
@@ -106,8 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(select(table)))
         return 0
 
-    root = args.results or results_root(args.profile)
-    groups = run_groups(args.dataset, args.profile, args.device, args.what)
+    root = Path(args.results) if args.results else results_root(args.profile)
+    groups = run_groups(args.dataset, args.profile, args.device, args.what, root=root)
+    # Layout problems first, one line each, before anything is read or computed.
+    problems = layout_problems([c for configs in groups.values() for c in configs], root)
+    for problem in problems.values():
+        print(f"cache problem: {problem}", file=sys.stderr)
+    if None in problems:  # the cache as a whole cannot be used
+        return 1
     if args.command == "status":
         from .groups import IN_PROGRESS
 
@@ -143,11 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     # One queue for every group, ordered seed first: an interrupted sweep leaves every chapter
     # with at least its first seeds rather than one group complete and the others empty.
     queue = list({c.key(): c.replace(client_batch=args.client_batch)
-                  for configs in groups.values() for c in configs}.values())
+                  for configs in groups.values() for c in configs if c.key() not in problems}.values())
     n = run_grid(queue, root, workers=args.workers, desc="+".join(groups), executor=args.executor,
                  address=args.address, gpus_per_run=args.gpus_per_run)
     print(f"computed {n} runs; {len(queue)} distinct runs in the grid (groups share some runs: "
           f"{', '.join(f'{k} {len(v)}' for k, v in groups.items())})")
+    if problems:
+        print(f"{len(problems)} runs were skipped: their result paths hold something other than a file "
+              f"(named above)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -190,7 +208,10 @@ def results_dir_problem(path: str, must_exist: bool = False) -> str | None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        return f"--results {path}: cannot write results there ({existing}: {err.strerror or err})"
+        if existing == root.absolute():
+            return f"--results {path}: this process cannot write into it ({err.strerror or err})"
+        return (f"--results {path}: it does not exist and cannot be created: {existing} does not let this process "
+                f"create anything in it ({err.strerror or err})")
     return None
 
 

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..simulator.settings import ConfigError, Diagnostics, FLSystem, Training, check
+from ..simulator.settings import ConfigError, Diagnostics, FLSystem, Training, check, is_int
 from ..strategy import Strategy
 from .registry import METHODS as REGISTRY
 
@@ -113,9 +113,9 @@ class RunConfig:
 
     def validate(self) -> "RunConfig":
         check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
-        check(isinstance(self.client_batch, int) and self.client_batch >= 1, "client_batch", "an integer >= 1",
+        check(is_int(self.client_batch) and self.client_batch >= 1, "client_batch", "an integer >= 1",
                self.client_batch)
-        check(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
+        check(is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
         check(self.batch_stream in BATCH_STREAMS, "batch_stream", f"one of {list(BATCH_STREAMS)}", self.batch_stream)
         self.system.validate()
         self.training.validate()

@@ -81,7 +81,7 @@ def install_system_packages(verbose: bool = True) -> list[str]:
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str  # "ok", "missing" or "optional" (absent, and only some users need it)
+    status: str  # "ok", "missing", "corrupt" (there but unusable) or "optional" (absent, and only some users need it)
     detail: str
     fix: str = ""
 
@@ -131,9 +131,9 @@ import json
 from fedsteer_lib.simulator import data
 out = {}
 for name in data.DATASETS:
-    dirs = data.search_dirs(name)
-    folder = data._first_found(name, "balanced" if name == "emnist" else "", dirs)
-    out[name] = {"found": str(folder) if folder else None, "searched": [str(d) for d in dirs]}
+    st = data.dataset_status(name)
+    out[name] = {"status": st.status, "folder": str(st.folder) if st.folder else None, "detail": st.detail,
+                 "searched": [str(d) for d in st.searched], "notes": list(st.notes)}
 print(json.dumps(out))
 """
 
@@ -170,8 +170,14 @@ def checks() -> list[Check]:
                 out.append(Check(name, "missing", datasets.get("error", "could not check"), "make setup"))
                 continue
             required = name == "fmnist"
-            where = info["found"] or "not found in " + ", ".join(info["searched"])
-            status = "ok" if info["found"] else ("missing" if required else "optional")
+            notes = "".join(f" (note: {n})" for n in info["notes"])
+            if info["status"] == "corrupt":
+                fix = (f"replace or remove the files in {info['folder']} (or point FEDSTEER_DATA elsewhere)"
+                       + ("; Debian's copy: " + _apt_command("--reinstall", "dataset-fashion-mnist") if required else ""))
+                out.append(Check(name, "corrupt", info["detail"] + notes, fix))
+                continue
+            where = (info["folder"] if info["status"] == "ok" else info["detail"]) + notes
+            status = "ok" if info["status"] == "ok" else ("missing" if required else "optional")
             fix = ("make data (as root; else " + _apt_command("dataset-fashion-mnist") + ")" if required else
                    "only for its chapters' paper-scale runs: put its files in one of those folders "
                    "(FEDSTEER_DATA), or set FEDSTEER_ALLOW_DOWNLOAD=1 where the internet is reachable")
@@ -196,6 +202,6 @@ def report(items: list[Check] | None = None) -> int:
     items = checks() if items is None else items
     for item in items:
         print(item.line())
-    missing = [i.name for i in items if i.status == "missing"]
+    missing = [i.name for i in items if i.status in ("missing", "corrupt")]
     print("all prerequisites ok" if not missing else f"missing: {', '.join(missing)}")
     return 1 if missing else 0

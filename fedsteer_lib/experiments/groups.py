@@ -3,9 +3,13 @@
 `status`, `sweep` and every chapter iterate `run_groups(...)` (or one of its builders), so a
 group cannot be assembled twice in two different ways. Each builder takes the data set, the
 profile and the device and returns RunConfigs; which seeds and gammas come from the profile.
+The groups derived from other runs (the calibrated point, the reruns at each method's own
+server step) also take the results cache they are derived from, `root`: always passed by the
+caller, never a default, so that `--results DIR` reaches every group.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import pandas as pd
@@ -76,17 +80,16 @@ def _with_roles(methods: Sequence[MethodSpec], roles: Sequence[str], dataset: st
     return [m for m in methods if role_of(m.name, dict(m.params), dd) in roles]
 
 
-def calibration_cell(dataset: str = "fmnist", profile: str | Profile = "paper", root=None) -> dict | None:
+def calibration_cell(dataset: str, profile: str | Profile, root: str | os.PathLike) -> dict | None:
     """The paper-calibrated cell of the regime map (`config.CALIBRATION_TARGET`,
     `tuning.calibrated_cell`), from the cached runs of the calibration method in every cell of
     the map; None until all of them are cached (the rule is over the map's seeds)."""
-    from .results import load_run, results_root
+    from .results import load_run
     from .sweep import missing
 
     target = CALIBRATION_TARGET
     if dataset != target["dataset"]:
         return None
-    root = results_root(profile) if root is None else root
     configs = [c for c in regime_grid(dataset, profile) if c.method.name == target["method"]
                and c.system.gamma == target["gamma"]]
     if not configs or missing(configs, root):
@@ -97,8 +100,8 @@ def calibration_cell(dataset: str = "fmnist", profile: str | Profile = "paper", 
     return calibrated_cell(cells, target["paper_accuracy"])
 
 
-def calibrated_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu",
-                    root=None) -> list[RunConfig]:
+def calibrated_grid(dataset: str, profile: str | Profile, device: str = "cpu", *,
+                    root: str | os.PathLike) -> list[RunConfig]:
     """The paper-calibrated point: Table 1's methods (full participation excepted: it is the
     reference, not a competitor, and costs N clients a round), FedSteer as written and the FedStale
     code base's baselines (those of the profile's `calibrated_roles` where it names them), at the
@@ -132,14 +135,13 @@ def server_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", 
     return configs
 
 
-def server_step_choices(dataset: str = "fmnist", profile: str | Profile = "paper", root=None) -> dict[MethodSpec, float] | None:
+def server_step_choices(dataset: str, profile: str | Profile, root: str | os.PathLike) -> dict[MethodSpec, float] | None:
     """Each method of the server-step search and the step it gets (`tuning.select_server_steps`
     over `server_step_grid`'s runs: final-round validation accuracy averaged over the gammas),
     in the search's method order; None until every run of the search is cached."""
-    from .results import load_run, results_root
+    from .results import load_run
     from .sweep import missing
 
-    root = results_root(profile) if root is None else root
     configs = server_step_grid(dataset, profile)
     if not configs or missing(configs, root):
         return None
@@ -150,8 +152,8 @@ def server_step_choices(dataset: str = "fmnist", profile: str | Profile = "paper
     return {spec: float(chosen[label]) for label, spec in specs.items()}
 
 
-def own_step_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu",
-                  root=None) -> list[RunConfig]:
+def own_step_grid(dataset: str, profile: str | Profile, device: str = "cpu", *,
+                  root: str | os.PathLike) -> list[RunConfig]:
     """The methods of the server-step search whose chosen step (`server_step_choices`) is not the
     frozen one (`config.TUNED`'s server lr), rerun at that step on the test split, the profile's
     gammas and seeds (the methods at the frozen step reuse Table 1's runs). Empty until the
@@ -214,7 +216,7 @@ def stability_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int]
     return dict(zip(settings, configs))
 
 
-def _tuning(dataset: str, profile: str | Profile, device: str) -> dict[str, list[RunConfig]]:
+def _tuning(dataset: str, profile: str | Profile, device: str, root: str | os.PathLike) -> dict[str, list[RunConfig]]:
     """The FedAvg-only tuning of the training settings (validation split); paper profile only."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     return {"tuning": tuning_configs(dataset, device=device)} if prof.name == "paper" else {}
@@ -226,27 +228,30 @@ def _tuning(dataset: str, profile: str | Profile, device: str) -> dict[str, list
 IN_PROGRESS: frozenset[str] = frozenset()
 
 
-# What `--what` selects: each entry returns {group name: configs}.
-GROUP_SETS: dict[str, Callable[[str, str | Profile, str], dict[str, list[RunConfig]]]] = {
-    "main": lambda d, p, dev: {"main": paper_grid(d, p, dev)},
-    "ablations": lambda d, p, dev: ablation_grid(d, p, dev),
-    "conventions": lambda d, p, dev: {"framework_conventions": framework_grid(d, p, dev)},
-    "regimes": lambda d, p, dev: {"regime_map": regime_grid(d, p, dev)},
-    "diagnostics": lambda d, p, dev: {
+# What `--what` selects: each entry returns {group name: configs}, given the data set, the
+# profile, the device and the results cache (which the derived groups are computed from).
+GROUP_SETS: dict[str, Callable[[str, str | Profile, str, str | os.PathLike], dict[str, list[RunConfig]]]] = {
+    "main": lambda d, p, dev, root: {"main": paper_grid(d, p, dev)},
+    "ablations": lambda d, p, dev, root: ablation_grid(d, p, dev),
+    "conventions": lambda d, p, dev, root: {"framework_conventions": framework_grid(d, p, dev)},
+    "regimes": lambda d, p, dev, root: {"regime_map": regime_grid(d, p, dev)},
+    "diagnostics": lambda d, p, dev, root: {
         "alignment_probes": alignment_grid(d, p, device=dev),
         "convergence_probes": convergence_grid(d, p, device=dev),
         "coordinate_stability": list(stability_grid(d, p, device=dev).values())},
     "tuning": _tuning,
-    "server_step": lambda d, p, dev: {"server_step_tuning": server_step_grid(d, p, dev),
-                                      "own_server_step": own_step_grid(d, p, dev)},
-    "calibrated": lambda d, p, dev: {"calibrated_point": calibrated_grid(d, p, dev)},
+    "server_step": lambda d, p, dev, root: {"server_step_tuning": server_step_grid(d, p, dev),
+                                            "own_server_step": own_step_grid(d, p, dev, root=root)},
+    "calibrated": lambda d, p, dev, root: {"calibrated_point": calibrated_grid(d, p, dev, root=root)},
 }
 
 
-def run_groups(dataset: str, profile: str | Profile, device: str = "cpu", what: str = "all") -> dict[str, list[RunConfig]]:
-    """Every run group of `what` ("all" or a key of GROUP_SETS), by name."""
+def run_groups(dataset: str, profile: str | Profile, device: str = "cpu", what: str = "all", *,
+               root: str | os.PathLike) -> dict[str, list[RunConfig]]:
+    """Every run group of `what` ("all" or a key of GROUP_SETS), by name; the derived groups are
+    read from the results cache `root` (the same cache the caller reads and writes)."""
     keys = list(GROUP_SETS) if what == "all" else [what]
     out: dict[str, list[RunConfig]] = {}
     for key in keys:
-        out.update(GROUP_SETS[key](dataset, profile, device))
+        out.update(GROUP_SETS[key](dataset, profile, device, root))
     return out

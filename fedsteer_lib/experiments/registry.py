@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from ..fedsteer import FedSteer
 from ..simulator.baselines import (FedAvg, FedAvgUnbiased, FedProx, FedStale, FedVARP, FullParticipation, MIFA,
                                    Scaffold)
+from ..simulator.settings import is_int, is_real
 from ..strategy import Strategy
 
 __all__ = ["Param", "MethodInfo", "METHODS", "Role", "ROLES", "TABLE1_ROLES", "FRAMEWORK_ROLES", "role_of",
@@ -45,17 +46,17 @@ def _one_of(values: tuple, default: Any, late: bool = False) -> Param:
 
 
 def _int(default: int, low: int = 0, late: bool = False) -> Param:
-    return Param(default, lambda v, n: isinstance(v, int) and not isinstance(v, bool) and v >= low,
+    return Param(default, lambda v, n: is_int(v) and v >= low,
                  f"an integer >= {low}", late)
 
 
 def _real(default: float, low: float = 0.0, high: float | None = None) -> Param:
-    allowed = f"in [{low:g}, {high:g}]" if high is not None else f">= {low:g}"
-    return Param(default, lambda v, n: isinstance(v, (int, float)) and low <= v and (high is None or v <= high), allowed)
+    allowed = f"in [{low:g}, {high:g}]" if high is not None else f"a finite number >= {low:g}"
+    return Param(default, lambda v, n: is_real(v) and low <= v and (high is None or v <= high), allowed)
 
 
-_CORE = Param(40, lambda v, n: isinstance(v, int) and 1 <= v <= n, "an integer in [1, num_clients]")
-_SUBSAMPLE = Param(0, lambda v, n: isinstance(v, int) and (v == 0 or 1 <= v <= n), "0 (off) or an integer in [1, num_clients]")
+_CORE = Param(40, lambda v, n: is_int(v) and 1 <= v <= n, "an integer in [1, num_clients]")
+_SUBSAMPLE = Param(0, lambda v, n: is_int(v) and (v == 0 or 1 <= v <= n), "0 (off) or an integer in [1, num_clients]")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,18 @@
 """The results cache: one JSON file per finished run under `data/results/runs/`, named by the
 run's config key, holding the exact config, provenance, history, summary and extras.
 
-Files are written atomically (temporary file + rename), so a crash never leaves a
-half-written result; a run is computed only if its file is missing or not usable: a file that
-does not parse (truncated, corrupted by hand) or that predates the current summary format (a
-collapsed run without `accuracy_before_collapse`) is named in a warning, never counted, and
-recomputed by the next sweep, which replaces it.
+Files are written atomically (temporary file + rename), readable by everyone the umask allows
+(0644 by default), so a crash never leaves a half-written result and a cache can be shared. A
+stored result is trusted by its content, never by its file name: it is usable only if its
+payload's `key` and the key recomputed from its `config` are both the run's own. A run is
+computed only if its file is missing or not usable: a file that does not parse (truncated,
+corrupted by hand), that holds another run ("holds run X, not Y"), or that predates the current
+summary format (a collapsed run without `accuracy_before_collapse`) is named in a warning, never
+counted, and recomputed by the next sweep, which replaces it.
+
+What cannot be fixed by recomputing (a directory where a result file should be, `runs` not a
+directory, a `runs/` this process cannot write into) is a layout problem: `layout_problems`
+names each in one line, and `status` and `sweep` print them before any compute.
 """
 from __future__ import annotations
 
@@ -15,8 +22,9 @@ import json
 import math
 import os
 import platform
+import secrets
+import stat
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
@@ -27,8 +35,9 @@ import torch
 from ..simulator.engine import RunResult
 from .config import METHODS, MethodSpec, Profile, RunConfig, get_profile
 
-__all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "result_problem", "save_run", "load_run", "provenance", "runs_table",
-           "history_table", "load_runs", "METHOD_PARAMETERS", "method_columns"]
+__all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "result_problem", "layout_problems", "CacheLayoutError",
+           "save_run", "load_run", "provenance", "runs_table", "history_table", "load_runs", "METHOD_PARAMETERS",
+           "method_columns"]
 
 RESULTS_DIR = Path(os.environ.get("FEDSTEER_RESULTS", Path(__file__).resolve().parents[2] / "data" / "results"))
 
@@ -48,9 +57,25 @@ def run_path(config: RunConfig, root: str | os.PathLike | None = None) -> Path:
     return _root(root) / "runs" / f"{config.key()}.json"
 
 
-def _problem_of(payload: Any) -> str | None:
+def _describe(key: str, config: dict) -> str:
+    try:
+        c = RunConfig.from_dict(config)
+        return f"{key} ({c.method.label}, gamma {c.system.gamma}, seed {c.seed})"
+    except Exception:  # noqa: BLE001 - a config that does not even build is described by its key
+        return key
+
+
+def _problem_of(payload: Any, expected_key: str | None = None) -> str | None:
+    """Why `payload` is not the usable result of run `expected_key` (None when it is)."""
     if not isinstance(payload, dict) or not all(k in payload for k in ("config", "summary", "history")):
         return "not a run result (no config, summary and history)"
+    try:
+        own_key = RunConfig.from_dict(payload["config"]).key()
+    except Exception as err:  # noqa: BLE001 - any config that does not build is not a run's
+        return f"its config does not describe a run ({type(err).__name__}: {err})"
+    if expected_key is not None and (own_key != expected_key or payload.get("key") != expected_key):
+        held = own_key if own_key != expected_key else payload.get("key")
+        return f"holds run {_describe(str(held), payload['config'])}, not {expected_key}"
     summary = payload["summary"]
     if summary.get("collapsed") and "accuracy_before_collapse" not in summary:
         return ("a collapsed run stored before collapsed runs were scored on the model they end with "
@@ -59,15 +84,21 @@ def _problem_of(payload: Any) -> str | None:
 
 
 def _parse(path: str | Path) -> tuple[dict | None, str | None]:
-    """(payload, None) for a usable result file, (None, why) otherwise."""
+    """(payload, None) for a usable result file, (None, why) otherwise. The run a file must
+    hold is the one its name says: `<key>.json`."""
+    path = Path(path)
     try:
         with open(path) as f:
             payload = json.load(f)
     except FileNotFoundError:
         return None, "missing"
+    except IsADirectoryError:
+        return None, "a directory, not a result file"
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         return None, f"unreadable ({type(err).__name__}: {err})"
-    problem = _problem_of(payload)
+    except OSError as err:
+        return None, f"unreadable ({err.strerror or err})"
+    problem = _problem_of(payload, path.stem)
     return (payload, None) if problem is None else (None, problem)
 
 
@@ -80,10 +111,27 @@ def _warn(path: Path, problem: str) -> None:
     warnings.warn(f"{path}: {problem}; not counted as a result, the sweep recomputes it", stacklevel=3)
 
 
+def _not_a_file(path: Path) -> str | None:
+    """A layout problem at a result path: something other than a regular file is there."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+    return f"{kind}, not a result file (remove it; the sweep cannot write the run's result there)"
+
+
 def result_problem(config: RunConfig, root: str | os.PathLike | None = None) -> str | None:
-    """Why the stored result of `config` cannot be used ("missing", "unreadable (...)", ...),
-    or None when it can."""
+    """Why the stored result of `config` cannot be used ("missing", "unreadable (...)", "holds
+    run X, not Y", a layout problem, ...), or None when it can."""
     path = run_path(config, root)
+    layout = _not_a_file(path)
+    if layout is not None:
+        return layout
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -92,6 +140,55 @@ def result_problem(config: RunConfig, root: str | os.PathLike | None = None) -> 
     if problem is not None:
         _warn(path, problem)
     return problem
+
+
+class CacheLayoutError(OSError):
+    """The results cache cannot take the runs asked of it; the message names each problem."""
+
+
+def _writable_dir_problem(directory: Path) -> str | None:
+    """Why this process cannot create files in `directory` (None when it can), tried for real:
+    permission bits say nothing for root, a read-only mount or a full disk."""
+    probe = directory / f".tmp-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.close(fd)
+        probe.unlink()
+    except OSError as err:
+        return f"{directory}: cannot write results into it ({err.strerror or err})"
+    return None
+
+
+def layout_problems(configs: Iterable[RunConfig], root: str | os.PathLike | None = None, *,
+                    writing: bool = True) -> dict[str | None, str]:
+    """Every layout problem of the cache for `configs`, one line each: {run key: problem} for a
+    run whose result path holds something other than a file, {None: problem} for the cache as a
+    whole (`runs` not a directory, or, when `writing`, a root or `runs/` that cannot be written
+    into). Empty when the runs can be read and their results saved."""
+    base = _root(root)
+    runs = base / "runs"
+    out: dict[str | None, str] = {}
+    if base.exists() and not base.is_dir():
+        return {None: f"{base}: is a file, not a results directory"}
+    if runs.exists() and not runs.is_dir():
+        return {None: f"{runs}: is a file, not the directory of run results (move it away)"}
+    if writing:
+        if runs.is_dir():
+            problem = _writable_dir_problem(runs)
+        else:
+            existing = next((p for p in (base.absolute(), *base.absolute().parents) if p.exists()), None)
+            problem = None if existing is None or not existing.is_dir() else _writable_dir_problem(existing)
+            if existing is not None and not existing.is_dir():
+                problem = f"{existing}: is a file, cannot create {runs} under it"
+        if problem:
+            out[None] = problem
+    if runs.is_dir():
+        for c in configs:
+            path = run_path(c, base)
+            problem = _not_a_file(path)
+            if problem:
+                out[c.key()] = f"{path}: {problem}"
+    return out
 
 
 def has_run(config: RunConfig, root: str | os.PathLike | None = None) -> bool:
@@ -130,13 +227,14 @@ def _clean(obj: Any) -> Any:
 
 
 def save_run(result: RunResult, config: RunConfig, root: str | os.PathLike | None = None) -> Path:
-    """Write one run atomically; returns its path."""
+    """Write one run atomically (readable as the umask allows, 0644 by default); returns its path."""
     path = run_path(config, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"key": config.key(), "config": config.to_dict(with_device=False),
                "provenance": {**provenance(config.device), "client_batch": config.client_batch},
                "summary": result.summary, "history": result.history, "extras": result.extras}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    tmp = path.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}.json"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask applies, as for any file
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(_clean(payload), f, separators=(",", ":"))
@@ -144,7 +242,7 @@ def save_run(result: RunResult, config: RunConfig, root: str | os.PathLike | Non
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 

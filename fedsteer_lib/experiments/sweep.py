@@ -5,12 +5,21 @@ the book live in `groups`.
 
 Each finished run is written atomically as soon as it ends, so a sweep killed at any moment
 (even with SIGKILL) and restarted loses no finished run and yields the same table.
+
+Sweeps that share a cache never compute the same run twice: a run is computed under an
+exclusive `fcntl` lock on `runs/.locks/<key>.lock`. A run locked by another live sweep is
+skipped and looked at again once this sweep's other runs are done: by then it is cached, or
+its sweep died (the kernel drops a dead process's locks) and this one computes it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import multiprocessing as mp
 import os
-from typing import Iterable, Sequence
+import sys
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from tqdm import tqdm
@@ -19,9 +28,9 @@ from dataclasses import replace
 
 from ..simulator.engine import SimData, prepare, run
 from .config import DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, get_profile
-from .results import has_run, save_run
+from .results import CacheLayoutError, has_run, layout_problems, run_path, save_run
 
-__all__ = ["grid", "run_grid", "missing", "complete_seeds"]
+__all__ = ["grid", "run_grid", "missing", "complete_seeds", "run_lock"]
 
 
 def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "paper", *,
@@ -61,17 +70,45 @@ def complete_seeds(configs: Iterable[RunConfig], root: str | os.PathLike | None 
     return [s for s in seeds if s not in lacking]
 
 
-def _run_and_save(args: tuple[RunConfig, str | None, int]) -> str:
-    config, root, threads = args
-    if has_run(config, root):  # finished meanwhile by another sweep or a notebook sharing the cache
-        return config.key()
-    torch.set_num_threads(threads)
-    global _SIM
-    if _SIM is None or not same_data(_SIM.config, config):
-        _SIM = prepare(config)
-    result = run(config, progress=False, sim=_SIM)
-    save_run(result, config, root)
-    return config.key()
+@contextlib.contextmanager
+def run_lock(config: RunConfig, root: str | os.PathLike | None = None, *, wait: bool) -> Iterator[bool]:
+    """Hold the exclusive lock of `config`'s run in cache `root` (`runs/.locks/<key>.lock`):
+    yields True once held, False at once when another process holds it and `wait` is False.
+    The lock is released when the block ends, or by the kernel when the process dies."""
+    path = run_path(config, root)
+    lock = path.parent / ".locks" / f"{path.stem}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+COMPUTED, CACHED, BUSY = "computed", "cached", "busy"  # what `_run_and_save` did with a run
+
+
+def _run_and_save(args: tuple[RunConfig, str | None, int, bool]) -> tuple[str, str]:
+    """(key, outcome): COMPUTED, CACHED (finished meanwhile by another sweep or a notebook
+    sharing the cache) or BUSY (another live sweep holds its lock and `wait` is False)."""
+    config, root, threads, wait = args
+    with run_lock(config, root, wait=wait) as held:
+        if not held:
+            return config.key(), BUSY
+        if has_run(config, root):
+            return config.key(), CACHED
+        torch.set_num_threads(threads)
+        global _SIM
+        if _SIM is None or not same_data(_SIM.config, config):
+            _SIM = prepare(config)
+        result = run(config, progress=False, sim=_SIM)
+        save_run(result, config, root)
+    return config.key(), COMPUTED
 
 
 _SIM: SimData | None = None
@@ -92,7 +129,10 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
     with one CPU thread and `gpus_per_run` of a GPU; the driver saves every result.
     Runs are ordered by seed first (a partial sweep covers every method), then as given, with
     full participation last within a seed; a worker reuses its prepared data while the
-    dataset, seed and gamma stay the same.
+    dataset, seed and gamma stay the same. Before anything is computed, the cache's layout is
+    checked (`results.layout_problems`): CacheLayoutError names every problem. A run that
+    another sweep is computing (its lock is held) is left to it and looked at again at the end:
+    cached by then, or computed here if that sweep died.
     """
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
@@ -105,23 +145,64 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
     todo = sorted(missing(configs, root), key=lambda c: (c.dataset, c.seed, c.method.name == "full"))
     if not todo:
         return 0
+    problems = layout_problems(todo, root)
+    if problems:
+        raise CacheLayoutError("the results cache cannot take these runs:\n" + "\n".join(problems.values()))
     root_s = None if root is None else str(root)
     bar = tqdm(total=len(todo), desc=desc, disable=not progress)
-    if executor == "ray":
-        from .ray_executor import run_on_ray
-
-        run_on_ray(todo, lambda result, c: save_run(result, c, root), workers=workers, address=address,
-                   gpus_per_run=gpus_per_run, on_done=lambda c: bar.update())
-    elif workers == 1:
-        for c in todo:
-            bar.set_postfix_str(f"{c.method.label} gamma={c.system.gamma} seed={c.seed}")
-            _run_and_save((c, root_s, torch.get_num_threads()))
-            bar.update()
-    else:
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(workers, maxtasksperchild=None) as pool:
-            for _ in pool.imap_unordered(_run_and_save, [(c, root_s, threads) for c in todo]):
-                bar.update()
+    outcomes: dict[str, str] = {}
+    # First pass: skip what another sweep is computing; second pass: wait for it, compute it if
+    # that sweep died before saving it.
+    for wait in (False, True):
+        batch = [c for c in todo if outcomes.get(c.key(), BUSY) == BUSY]
+        if not batch:
+            break
+        if executor == "ray":
+            outcomes.update(_run_on_ray(batch, root, workers, address, gpus_per_run, wait, bar))
+        elif workers == 1:
+            for c in batch:
+                bar.set_postfix_str(f"{c.method.label} gamma={c.system.gamma} seed={c.seed}")
+                key, outcome = _run_and_save((c, root_s, torch.get_num_threads(), wait))
+                outcomes[key] = outcome
+                bar.update(outcome != BUSY)
+        else:
+            threads = max(1, (os.cpu_count() or 1) // workers)
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(workers, maxtasksperchild=None) as pool:
+                for key, outcome in pool.imap_unordered(_run_and_save, [(c, root_s, threads, wait) for c in batch]):
+                    outcomes[key] = outcome
+                    bar.update(outcome != BUSY)
     bar.close()
-    return len(todo)
+    computed = sum(o == COMPUTED for o in outcomes.values())
+    elsewhere = len(todo) - computed
+    if elsewhere:
+        print(f"{elsewhere} of the {len(todo)} missing runs were computed meanwhile by another sweep or notebook "
+              f"on this cache", file=sys.stderr)
+    return computed
+
+
+def _run_on_ray(batch: Sequence[RunConfig], root, workers: int, address: str | None, gpus_per_run: float,
+                wait: bool, bar) -> dict[str, str]:
+    """The Ray executor's pass over `batch`: the driver holds each run's lock while its task runs
+    (the tasks themselves never touch the cache) and saves each result."""
+    from .ray_executor import run_on_ray
+
+    outcomes: dict[str, str] = {}
+    with contextlib.ExitStack() as held:
+        mine = []
+        for c in batch:
+            if not held.enter_context(run_lock(c, root, wait=wait)):
+                outcomes[c.key()] = BUSY
+            elif has_run(c, root):
+                outcomes[c.key()] = CACHED
+            else:
+                mine.append(c)
+
+        def save(result, c):
+            save_run(result, c, root)
+            outcomes[c.key()] = COMPUTED
+
+        if mine:
+            run_on_ray(mine, save, workers=workers, address=address, gpus_per_run=gpus_per_run,
+                       on_done=lambda c: bar.update())
+    return outcomes

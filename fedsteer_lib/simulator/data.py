@@ -30,6 +30,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import warnings
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -127,7 +128,8 @@ def _locate(name: str, split: str, directory: Path) -> Path | None:
 
 
 def search_dirs(name: str, root: str | os.PathLike | None = None) -> list[Path]:
-    """The directories searched for ``name``, in order (duplicates dropped)."""
+    """The directories searched for ``name``, in order (duplicates dropped). An empty
+    ``FEDSTEER_DATA`` is no directory (`data_env_problem` says so)."""
     _check_name(name, "balanced")
     dirs = [Path(root).expanduser()] if root is not None else []
     if os.environ.get("FEDSTEER_DATA"):
@@ -136,6 +138,26 @@ def search_dirs(name: str, root: str | os.PathLike | None = None) -> list[Path]:
     if name == "fmnist":
         dirs.append(Path(DEBIAN_FMNIST_DIR))
     return list(dict.fromkeys(dirs))
+
+
+def data_env_problem(name: str, split: str = "balanced") -> str | None:
+    """Why ``$FEDSTEER_DATA``, when it is set, gives ``name`` nothing (None when it holds the
+    data set's files, or is not set): set but empty, no such directory, or none of the files."""
+    if "FEDSTEER_DATA" not in os.environ:
+        return None
+    value = os.environ["FEDSTEER_DATA"]
+    if not value.strip():
+        return "FEDSTEER_DATA is set but empty, so it names no directory (unset it, or set it to the data's folder)"
+    folder = Path(value).expanduser()
+    if not folder.exists():
+        return f"FEDSTEER_DATA={value}: no such directory"
+    if not folder.is_dir():
+        return f"FEDSTEER_DATA={value}: is a file, not a directory"
+    _check_name(name, split)
+    if _locate(name, split if name == "emnist" else "", folder) is None:
+        return (f"FEDSTEER_DATA={value} holds no {name} files "
+                f"({', '.join(_file_names(name, split if name == 'emnist' else '').values())}; {_WHERE[name]})")
+    return None
 
 
 def _check(images: np.ndarray, labels: np.ndarray, shape: tuple, num_classes: int,
@@ -163,8 +185,9 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=4)
-def _read_folder(name: str, folder: Path, split: str) -> DatasetSplits:
-    """Read and check all files of ``name`` in ``folder`` (a located layout folder)."""
+def _read_folder(name: str, folder: Path, split: str, version: tuple = ()) -> DatasetSplits:
+    """Read and check all files of ``name`` in ``folder`` (a located layout folder); cached per
+    `version` (`_folder_version`: the files' sizes and times)."""
     if name == "cifar10":
         train = [_read_cifar_batch(folder / f) for f in CIFAR_FILES[:-1]]
         arrays = {"train": (np.concatenate([b[0] for b in train]), np.concatenate([b[1] for b in train])),
@@ -223,6 +246,50 @@ def _first_found(name: str, split: str, dirs: list[Path]) -> Path | None:
     return next((f for f in (_locate(name, split, d) for d in dirs) if f is not None), None)
 
 
+@dataclass(frozen=True)
+class DatasetStatus:
+    """What `dataset_status` found: `status` is "ok", "missing" or "corrupt"; `folder` the
+    folder the loader reads (None when missing); `detail` the problem in one line; `notes` what
+    the user should know even when the data is fine (a `FEDSTEER_DATA` that gives nothing)."""
+
+    name: str
+    status: str
+    folder: Path | None
+    detail: str
+    searched: tuple[Path, ...]
+    notes: tuple[str, ...] = ()
+
+
+def dataset_status(name: str, split: str = "balanced") -> DatasetStatus:
+    """Locate ``name`` as `load_dataset` would and read every file of it for real (IDX magic,
+    header and size, image shape, label range; CIFAR-10's batches): a file that is there but
+    unusable makes the data set "corrupt", with the file and the fault. About a second for
+    Fashion-MNIST, so `data` and `doctor` run it every time."""
+    _check_name(name, split)
+    split = split if name == "emnist" else ""
+    dirs = search_dirs(name)
+    env = data_env_problem(name, split or "balanced")
+    notes = (env,) if env else ()
+    folder = _first_found(name, split, dirs)
+    if folder is None:
+        return DatasetStatus(name, "missing", None, "not found in " + ", ".join(map(str, dirs)), tuple(dirs), notes)
+    try:
+        _read_folder(name, folder.resolve(), split, _folder_version(name, split, folder.resolve()))
+    except (ValueError, OSError) as err:
+        return DatasetStatus(name, "corrupt", folder, str(err), tuple(dirs), notes)
+    return DatasetStatus(name, "ok", folder, str(folder), tuple(dirs), notes)
+
+
+def _folder_version(name: str, split: str, folder: Path) -> tuple:
+    """(size, mtime) of every file the loader reads in ``folder``: a file replaced on disk is read again."""
+    out = []
+    for fname in _file_names(name, split).values():
+        path = _find_file(folder, fname, name != "cifar10")
+        st = path.stat() if path is not None else None
+        out.append((fname, st.st_size if st else None, st.st_mtime_ns if st else None))
+    return tuple(out)
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: str = "balanced",
                  download: bool | None = None) -> DatasetSplits:
     """Load ``name`` ("fmnist", "emnist" with ``split``, "cifar10") from the first searched dir holding it.
@@ -234,6 +301,9 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: str
     _check_name(name, split)
     split = split if name == "emnist" else ""
     dirs = search_dirs(name, root)
+    env = data_env_problem(name, split or "balanced")
+    if env and root is None:
+        warnings.warn(f"{env}; looking in the other folders", stacklevel=2)
     folder, source = _first_found(name, split, dirs), ""
     if folder is None:
         if not (download if download is not None else os.environ.get("FEDSTEER_ALLOW_DOWNLOAD") == "1"):
@@ -248,31 +318,52 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: str
         if folder is None:
             raise DatasetNotFoundError(_missing_message(name, split, dirs, note))
         source = f"download:{folder}"
-    data = _read_folder(name, folder.resolve(), split)
+    data = _read_folder(name, folder.resolve(), split, _folder_version(name, split, folder.resolve()))
     copies = {f: getattr(data, f).clone() for f in ("train_images", "train_labels", "test_images", "test_labels")}
     return replace(data, **copies, source=source or str(folder))
 
 
 def ensure_fashion_mnist(verbose: bool = True) -> Path:
-    """Make Fashion-MNIST available (set-up step) and return the folder holding its files.
+    """Make Fashion-MNIST available (set-up step) and return the folder holding its files,
+    read and checked (`dataset_status`).
 
-    Found in the search dirs: return that folder. Else, as root with apt-get: install the
-    Debian package (``apt-get update`` and retry once on failure). Else print (to stderr) what
-    to run and raise DatasetNotFoundError. ``verbose=False`` silences apt-get's output.
+    Found and sound in the search dirs: return that folder. Found but corrupt: raise
+    DatasetCorruptError naming the file and the fix. Not found: as root with apt-get, install
+    the Debian package (``apt-get update`` and retry once on failure); else print (to stderr)
+    what to run and raise DatasetNotFoundError. ``verbose=False`` silences apt-get's output.
     """
-    dirs = search_dirs("fmnist")
-    folder, note = _first_found("fmnist", "", dirs), ""
-    if folder is not None:
-        return folder
+    found = dataset_status("fmnist")
+    for note in found.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if found.status == "corrupt":
+        raise DatasetCorruptError(_corrupt_message(found))
+    if found.status == "ok":
+        return found.folder
+    dirs, note = list(found.searched), ""
     if shutil.which("apt-get") and getattr(os, "geteuid", lambda: -1)() == 0:
         install = ["apt-get", "install", "-y", "dataset-fashion-mnist"]
         quiet = {} if verbose else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         if subprocess.run(install, check=False, **quiet).returncode != 0:
             subprocess.run(["apt-get", "update"], check=False, **quiet)
             subprocess.run(install, check=False, **quiet)
-        if _locate("fmnist", "", Path(DEBIAN_FMNIST_DIR)) is not None:
-            return Path(DEBIAN_FMNIST_DIR)
+        found = dataset_status("fmnist")
+        if found.status == "ok":
+            return found.folder
+        if found.status == "corrupt":
+            raise DatasetCorruptError(_corrupt_message(found))
         note = f"`{' '.join(install)}` (as root) did not provide the files in {DEBIAN_FMNIST_DIR}."
     message = _missing_message("fmnist", "", dirs, note)
     print(message, file=sys.stderr)
     raise DatasetNotFoundError(message)
+
+
+class DatasetCorruptError(ValueError):
+    """A data set's files are where the loader looks, but cannot be used."""
+
+
+def _corrupt_message(found: DatasetStatus) -> str:
+    fix = (f"replace or remove the files in {found.folder}"
+           + (" (or unset FEDSTEER_DATA)" if os.environ.get("FEDSTEER_DATA") and found.folder is not None
+              and Path(os.environ["FEDSTEER_DATA"]).expanduser() in (found.folder, *found.folder.parents) else "")
+           + ("; Debian's copy: apt-get install --reinstall dataset-fashion-mnist" if found.name == "fmnist" else ""))
+    return f"{found.name} is corrupt: {found.detail}; fix: {fix}"

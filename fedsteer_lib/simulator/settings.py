@@ -6,10 +6,11 @@ bundles them with a method, a data set and a seed.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConfigError", "FLSystem", "Training", "Diagnostics", "check"]
+__all__ = ["ConfigError", "FLSystem", "Training", "Diagnostics", "check", "is_int", "is_real"]
 
 
 class ConfigError(ValueError):
@@ -19,6 +20,16 @@ class ConfigError(ValueError):
 def check(cond: bool, field_name: str, allowed: str, value: Any) -> None:
     if not cond:
         raise ConfigError(f"{field_name} must be {allowed}, got {value!r}")
+
+
+def is_int(value: Any) -> bool:
+    """An integer, and not a boolean (True is an int to Python, not to a config)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A finite real number (not a boolean, inf or nan)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -41,16 +52,16 @@ class FLSystem:
     validation_size: int = 0  # > 0: hold this many training images out as the evaluation set
 
     def validate(self) -> None:
-        check(isinstance(self.num_clients, int) and self.num_clients >= 2, "num_clients", "an integer >= 2", self.num_clients)
-        check(0.0 <= self.weak_fraction <= 1.0, "weak_fraction", "in [0, 1]", self.weak_fraction)
-        check(0.0 < self.weak_prob <= 1.0, "weak_prob", "in (0, 1]", self.weak_prob)
-        check(0.0 < self.powerful_prob <= 1.0, "powerful_prob", "in (0, 1]", self.powerful_prob)
-        check(0.0 < self.gamma < 1.0, "gamma", "in (0, 1)", self.gamma)
-        check(isinstance(self.points_scale, int) and self.points_scale >= 1, "points_scale", "an integer >= 1", self.points_scale)
+        check(is_int(self.num_clients) and self.num_clients >= 2, "num_clients", "an integer >= 2", self.num_clients)
+        check(is_real(self.weak_fraction) and 0.0 <= self.weak_fraction <= 1.0, "weak_fraction", "in [0, 1]", self.weak_fraction)
+        check(is_real(self.weak_prob) and 0.0 < self.weak_prob <= 1.0, "weak_prob", "in (0, 1]", self.weak_prob)
+        check(is_real(self.powerful_prob) and 0.0 < self.powerful_prob <= 1.0, "powerful_prob", "in (0, 1]", self.powerful_prob)
+        check(is_real(self.gamma) and 0.0 < self.gamma < 1.0, "gamma", "in (0, 1)", self.gamma)
+        check(is_int(self.points_scale) and self.points_scale >= 1, "points_scale", "an integer >= 1", self.points_scale)
         common = round(self.gamma * self.num_clients)
         check(0 < common < self.num_clients, "gamma",
                f"such that both label groups are non-empty for num_clients={self.num_clients}", self.gamma)
-        check(isinstance(self.validation_size, int) and self.validation_size >= 0, "validation_size", "an integer >= 0", self.validation_size)
+        check(is_int(self.validation_size) and self.validation_size >= 0, "validation_size", "an integer >= 0", self.validation_size)
 
 
 @dataclass(frozen=True)
@@ -68,10 +79,10 @@ class Training:
     def validate(self) -> None:
         for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
             value = getattr(self, name)
-            check(isinstance(value, int) and value >= 1, name, "an integer >= 1", value)
-        check(isinstance(self.eval_last, int) and self.eval_last >= 0, "eval_last", "an integer >= 0", self.eval_last)
-        check(self.client_lr > 0, "client_lr", "> 0", self.client_lr)
-        check(self.server_lr > 0, "server_lr", "> 0", self.server_lr)
+            check(is_int(value) and value >= 1, name, "an integer >= 1", value)
+        check(is_int(self.eval_last) and self.eval_last >= 0, "eval_last", "an integer >= 0", self.eval_last)
+        check(is_real(self.client_lr) and self.client_lr > 0, "client_lr", "a finite number > 0", self.client_lr)
+        check(is_real(self.server_lr) and self.server_lr > 0, "server_lr", "a finite number > 0", self.server_lr)
 
 
 @dataclass(frozen=True)
@@ -87,5 +98,5 @@ class Diagnostics:
     track_coords: tuple[int, ...] = ()
 
     def validate(self) -> None:
-        check(isinstance(self.probe_every, int) and self.probe_every >= 0, "probe_every", "an integer >= 0", self.probe_every)
-        check(self.probe_mc_samples >= 2, "probe_mc_samples", ">= 2", self.probe_mc_samples)
+        check(is_int(self.probe_every) and self.probe_every >= 0, "probe_every", "an integer >= 0", self.probe_every)
+        check(is_int(self.probe_mc_samples) and self.probe_mc_samples >= 2, "probe_mc_samples", "an integer >= 2", self.probe_mc_samples)
