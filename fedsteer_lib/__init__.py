@@ -11,3 +11,9 @@ The package is four rooms; imports go one way only, book -> experiments -> simul
   `groups`, the `results` cache, `sweep`, `tuning`, `doctor` and the command line (`cli`);
 - `book/`: what only the book needs (paper numbers, statistics, tables, prose, figures).
 """
+
+# The kernel mode (pinned by default: bit-identical runs on any x86-64 CPU with AVX2) must be in
+# force before torch computes anything in this process: set it on first import (fedsteer_lib.numerics).
+from . import numerics as _numerics
+
+_numerics.select_kernels()

@@ -24,7 +24,7 @@ from fedsteer_lib.experiments.sweep import missing, run_grid, run_lock
 from fedsteer_lib.simulator.engine import RunResult
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = dict(system=FLSystem(num_clients=20, gamma=0.7), seed=0,
+SMALL = dict(system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=0,
              training=Training(rounds=2, local_epochs=1, eval_every=2, eval_last=1))
 
 
@@ -274,7 +274,7 @@ SWEEP = """
 import sys
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
 from fedsteer_lib.experiments.sweep import run_grid
-configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=s,
+configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=s,
                      training=Training(rounds=2, local_epochs=1, eval_every=2, eval_last=1))
            for s in (0, 1) for m in ("fedavg", "mifa", "fedvarp")]
 print("COMPUTED", run_grid(configs, sys.argv[1], progress=False))
@@ -294,7 +294,7 @@ HOLD = """
 import sys, time
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
 from fedsteer_lib.experiments.sweep import run_lock
-c = RunConfig(method=method("fedavg"), system=FLSystem(num_clients=20, gamma=0.7),
+c = RunConfig(method=method("fedavg"), system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=0,
               training=Training(rounds=2, local_epochs=1, eval_every=2, eval_last=1))
 with run_lock(c, sys.argv[1], wait=False) as held:
     print("HELD" if held else "NOT", flush=True)

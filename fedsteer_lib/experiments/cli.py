@@ -1,4 +1,4 @@
-"""Command line: `python -m fedsteer_lib {doctor,system-packages,data,tune,sweep,status}`.
+"""Command line: `python -m fedsteer_lib {doctor,system-packages,data,tune,sweep,status,verify}`.
 
     python -m fedsteer_lib doctor                       # every prerequisite: ok / missing, and the fix
     python -m fedsteer_lib system-packages              # install the Debian packages the project uses (root)
@@ -8,6 +8,10 @@
                                  [--device cuda --client-batch 100]
                                  [--executor ray --address auto --gpus-per-run 0.25]
     python -m fedsteer_lib status --profile paper       # how much of a sweep is cached
+    python -m fedsteer_lib verify --sample 5            # recompute stored runs, say what changed
+
+Runs use pinned kernels (bit-identical on any x86-64 CPU with AVX2) unless `--kernels native`
+or FEDSTEER_KERNELS=native says otherwise (`fedsteer_lib.numerics`).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import argparse
 import json
 import sys
 
+from .. import numerics
 from .config import DATASET_DEFAULTS, PROFILES
 from .groups import GROUP_SETS
 
@@ -26,12 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="check every prerequisite (one line each: ok / missing, and the command that fixes it)")
     sub.add_parser("system-packages", help="install the Debian packages the project uses (apt-get as root, else says how)")
     sub.add_parser("data", help="make sure Fashion-MNIST is available (apt-get as root, else says how)")
-    for name in ("tune", "sweep", "status"):
+    for name in ("tune", "sweep", "status", "verify"):
         p = sub.add_parser(name)
         p.add_argument("--dataset", choices=sorted(DATASET_DEFAULTS), default="fmnist")
         p.add_argument("--device", default="cpu")
         p.add_argument("--workers", type=int, default=1)
         if name != "status":
+            p.add_argument("--kernels", choices=numerics.KERNELS, default=None,
+                           help="pinned: bit-identical on any x86-64 CPU with AVX2 (default, or $FEDSTEER_KERNELS); "
+                                "native: the CPU's fastest kernels, CPU-dependent bits")
+        if name not in ("status", "verify"):
             p.add_argument("--client-batch", type=int, default=1, metavar="N",
                            help="train up to N clients of a round at once (vectorised; for GPUs, slower on a CPU; default 1)")
         p.add_argument("--results", default=None, help="results directory (default data/results)")
@@ -45,7 +54,26 @@ def main(argv: list[str] | None = None) -> int:
         if name != "tune":
             p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
             p.add_argument("--what", choices=(*GROUP_SETS, "all"), default="all")
+        if name == "verify":
+            which = p.add_mutually_exclusive_group()
+            which.add_argument("--sample", type=int, metavar="N",
+                               help="N runs drawn at random (with --stratify: N per group, method and gamma)")
+            which.add_argument("--key", action="append", default=[], metavar="K", help="this stored run (repeatable)")
+            p.add_argument("--group", action="append", default=[], metavar="G",
+                           help="only the runs of this group (repeatable; names as `status` prints them)")
+            p.add_argument("--stratify", action="store_true", help="with --sample: N runs per group, method and gamma")
+            p.add_argument("--seed", type=int, default=0, help="the seed of the random draw (default 0)")
+            p.add_argument("--log", default=None, metavar="FILE", help="append every comparison to this JSON-lines file")
+            p.add_argument("--replace-unpinned", action="store_true",
+                           help="write the recomputed (pinned) result in place of a stored run computed without "
+                                "pinned kernels; only those runs of the selection are recomputed")
     args = parser.parse_args(argv)
+    if getattr(args, "kernels", None) is not None or args.command in ("tune", "sweep", "verify"):
+        numerics.select_kernels(args.kernels)  # before anything computes in this process
+    if getattr(args, "sample", None) is not None and args.sample < 1:
+        parser.error(f"--sample must be an integer >= 1, got {args.sample}")
+    if getattr(args, "stratify", False) and getattr(args, "sample", None) is None:
+        parser.error("--stratify goes with --sample N")
     if getattr(args, "client_batch", 1) < 1:
         parser.error(f"--client-batch must be an integer >= 1, got {args.client_batch}")
     if getattr(args, "workers", 1) < 1:
@@ -122,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cache problem: {problem}", file=sys.stderr)
     if None in problems:  # the cache as a whole cannot be used
         return 1
+    if args.command == "verify":
+        return _verify(args, groups, root, parser)
     if args.command == "status":
         from .groups import IN_PROGRESS
 
@@ -165,6 +195,41 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"{len(problems)} runs were skipped: their result paths hold something other than a file "
               f"(named above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _verify(args, groups, root, parser) -> int:
+    """`verify`: recompute the selected stored runs, print one comparison each and a summary;
+    exit status 1 when a run stored with pinned kernels does not come back bit for bit."""
+    from .verify import select, stored_kernels, verify_runs
+    from .results import load_run
+
+    unknown = [g for g in args.group if g not in groups]
+    if unknown:
+        parser.error(f"--group {unknown[0]!r}: not a group of --what {args.what}; one of {', '.join(groups)}")
+    chosen = {g: groups[g] for g in args.group} if args.group else groups
+    try:
+        configs = select(chosen, root, sample=args.sample, seed=args.seed, keys=args.key, stratify=args.stratify)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.replace_unpinned:
+        configs = [c for c in configs if stored_kernels(load_run(c, root)) != "pinned"]
+    if not configs:
+        print("nothing to verify: no stored run matches" + (" that is not already pinned" if args.replace_unpinned else ""))
+        return 0
+    print(f"recomputing {len(configs)} stored runs with {numerics.kernels()} kernels on {numerics.cpu_model()}", flush=True)
+    out = verify_runs(configs, root, workers=args.workers, log=args.log, replace_unpinned=args.replace_unpinned,
+                      on_result=lambda line: print(line, flush=True))
+    same = sum(c.identical for c in out)
+    flipped = sum(c.collapse_flipped for c in out)
+    failed = [c for c in out if c.failed]
+    changes = sorted(abs(c.new_accuracy - c.stored_accuracy) for c in out if not c.identical)
+    largest = f", largest change of final accuracy {changes[-1]:.4f}" if changes else ""
+    print(f"{same} of {len(out)} bit-identical; {flipped} collapses flipped{largest}")
+    if failed:
+        print(f"{len(failed)} runs stored with pinned kernels did not reproduce bit for bit: "
+              + ", ".join(c.key for c in failed), file=sys.stderr)
         return 1
     return 0
 

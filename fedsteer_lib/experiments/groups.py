@@ -10,6 +10,7 @@ caller, never a default, so that `--results DIR` reaches every group.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import pandas as pd
@@ -22,7 +23,7 @@ from .sweep import grid
 from .tuning import VALIDATION_SIZE, calibrated_cell, select_server_steps, tuning_configs
 
 __all__ = ["paper_grid", "ablation_grid", "framework_grid", "regime_grid", "convergence_methods", "convergence_grid",
-           "alignment_grid", "stability_grid", "server_step_grid", "server_step_choices", "own_step_grid", "calibration_cell", "calibrated_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
+           "alignment_grid", "stability_grid", "server_step_grid", "server_step_choices", "own_step_grid", "calibration_cell", "calibrated_grid", "reference_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups"]
 
 
 def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "cpu") -> list[RunConfig]:
@@ -216,6 +217,19 @@ def stability_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int]
     return dict(zip(settings, configs))
 
 
+def reference_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
+    """A short run that CI recomputes bit for bit (`verify --what reference`): FedSteer with the
+    data set's |X| and lambda, one warm-up cycle, 3 rounds of one local epoch at gamma = 0.9,
+    seed 0, evaluated on a 2,000-image validation split (about 20 s on one thread). It
+    exercises every part of a run (warm-up, core-set search, Eq. 3 and 4, local training,
+    evaluation); its committed result was computed with pinned kernels."""
+    dd = DATASET_DEFAULTS[dataset]
+    spec = method("fedsteer", core_size=dd["core_size"], lam=dd["lam"], warmup_cycles=1)
+    training = replace(TUNED[dataset], rounds=3, local_epochs=1, eval_every=3, eval_last=1)
+    return [RunConfig(dataset=dataset, method=spec, system=FLSystem(gamma=0.9, validation_size=2000),
+                      training=training, seed=0, device=device, emnist_split=dd.get("split", "balanced")).validate()]
+
+
 def _tuning(dataset: str, profile: str | Profile, device: str, root: str | os.PathLike) -> dict[str, list[RunConfig]]:
     """The FedAvg-only tuning of the training settings (validation split); paper profile only."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
@@ -243,6 +257,7 @@ GROUP_SETS: dict[str, Callable[[str, str | Profile, str, str | os.PathLike], dic
     "server_step": lambda d, p, dev, root: {"server_step_tuning": server_step_grid(d, p, dev),
                                             "own_server_step": own_step_grid(d, p, dev, root=root)},
     "calibrated": lambda d, p, dev, root: {"calibrated_point": calibrated_grid(d, p, dev, root=root)},
+    "reference": lambda d, p, dev, root: {"pinned_reference": reference_grid(d, p, dev)},
 }
 
 

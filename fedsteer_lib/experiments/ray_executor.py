@@ -80,7 +80,11 @@ def run_on_ray(todo: Sequence[RunConfig], save: Callable, *, workers: int, addre
         kwargs = {"num_cpus": workers} if address in (None, "local") else {"address": address}
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **kwargs)
     try:
-        task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False)(_compute)
+        from .. import numerics
+
+        # The task's worker imports fedsteer_lib, which puts this kernel mode in force before torch computes.
+        task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False,
+                          runtime_env={"env_vars": {numerics.ENV_VAR: numerics.kernels()}})(_compute)
         by_key = {c.key(): c for c in todo}
         queue, pending = list(todo), []
         while queue or pending:

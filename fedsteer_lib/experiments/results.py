@@ -32,6 +32,7 @@ from typing import Any, Iterable
 import pandas as pd
 import torch
 
+from .. import numerics
 from ..simulator.engine import RunResult
 from .config import METHODS, MethodSpec, Profile, RunConfig, get_profile
 
@@ -205,14 +206,20 @@ def _code_version() -> str:
         return "unknown"
 
 
-def provenance(device: str) -> dict[str, Any]:
-    """Code version, date, library versions and the device a result was computed on."""
+def provenance(device: str, machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Code version (and, for a dirty tree, the hash of its diff), date, Python, the device, and
+    what `numerics.machine` says of the process that computed the run (its CPU and features,
+    the kernel mode and choices in force, torch/oneDNN/MKL versions, threads): `machine`, or
+    this process's own."""
     dev = device
     if device.startswith("cuda") and torch.cuda.is_available():
         dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    return {"code_version": _code_version(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "python": platform.python_version(), "device": dev,
-            "machine": platform.machine(), "threads": torch.get_num_threads()}
+    version = _code_version()
+    out = {"code_version": version, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "device": dev}
+    if version.endswith("-dirty"):
+        out["diff_sha1"] = numerics.tree_diff_hash(Path(__file__).resolve().parents[2])
+    return {**out, **(machine or numerics.machine(device))}
 
 
 def _clean(obj: Any) -> Any:
@@ -231,7 +238,7 @@ def save_run(result: RunResult, config: RunConfig, root: str | os.PathLike | Non
     path = run_path(config, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"key": config.key(), "config": config.to_dict(with_device=False),
-               "provenance": {**provenance(config.device), "client_batch": config.client_batch},
+               "provenance": {**provenance(config.device, result.machine), "client_batch": config.client_batch},
                "summary": result.summary, "history": result.history, "extras": result.extras}
     tmp = path.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}.json"
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask applies, as for any file

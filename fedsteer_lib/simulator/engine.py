@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .. import numerics
 from ..strategy import LocalSpec, ServerContext, Strategy
 from .data import load_dataset
 from .models import build_model
@@ -83,8 +84,15 @@ def _data_key(config: RunConfig) -> tuple:
 
 
 def prepare(config: RunConfig, data_root: str | None = None) -> SimData:
-    """Load the data set, partition it among the clients and build the seeded initial model."""
+    """Load the data set, partition it among the clients and build the seeded initial model,
+    with the kernels of the run (`numerics.kernels_for_run`: the normalisation's sums depend on
+    them too)."""
     config.validate()
+    with numerics.kernels_for_run(config.device):
+        return _prepare(config, data_root)
+
+
+def _prepare(config: RunConfig, data_root: str | None) -> SimData:
     device = torch.device(config.device)
     splits = load_dataset(config.dataset, data_root, split=config.emnist_split)
     federation = build_federation(config.system, splits.train_labels, splits.num_classes, config.seed)
@@ -148,6 +156,7 @@ class RunResult:
     history: list[dict[str, Any]]
     summary: dict[str, Any]
     extras: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)  # the computing process (`numerics.machine`)
 
 
 # The most memory that one SimData spends keeping its latest warm-up snapshots for the next run
@@ -210,8 +219,14 @@ def server_setup(config: RunConfig, sim: SimData) -> tuple[Strategy, ServerConte
 
 
 def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None, data_root: str | None = None) -> RunResult:
-    """Simulate one FL training run and return its history and summary."""
+    """Simulate one FL training run and return its history and summary, with the kernels of
+    this process's mode (`numerics`: pinned kernels and one thread by default, checked first)."""
     config.validate()
+    with numerics.kernels_for_run(config.device):
+        return _run(config, progress=progress, sim=sim, data_root=data_root)
+
+
+def _run(config: RunConfig, *, progress: bool, sim: SimData | None, data_root: str | None) -> RunResult:
     sim = sim if sim is not None and _data_key(sim.config) == _data_key(config) else prepare(config, data_root)
     sim.client_batch = config.client_batch
     if config.client_batch > 1 and not can_batch(sim.flat_model):
@@ -248,7 +263,8 @@ def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None,
                           sim.flat_model.num_params, ctx.dim)
     if strategy.warmup_cycles:
         summary["warmup_reused"] = reused  # its snapshots came from the previous run on `sim`
-    return RunResult(config=config.to_dict(), history=rec.history, summary=summary, extras=rec.extras(state))
+    return RunResult(config=config.to_dict(), history=rec.history, summary=summary, extras=rec.extras(state),
+                     machine=numerics.machine(config.device))
 
 
 def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, config: RunConfig, strategy: Strategy,

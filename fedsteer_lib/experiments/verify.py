@@ -1,0 +1,203 @@
+"""Recompute stored runs from their configs and say what a rerun changes (`python -m fedsteer_lib verify`).
+
+A stored run is recomputed in this process's kernel mode (`numerics`) and compared with what is
+stored: "identical" when every recorded round (accuracy, loss, training loss, update norm) is
+the same to the bit, else the change of the final accuracy and whether the collapse flipped,
+with both runs' machines. A run stored with pinned kernels must come back identical when
+recomputed with pinned kernels: that is the check whose failure makes the command fail.
+
+`replace_unpinned` also writes the recomputed result in place of a stored run that was not
+computed with pinned kernels (how Table 1 was brought into the pinned mode); every comparison
+can be appended to a JSON-lines log, from which the rerun page computes its figures.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .. import numerics
+from .config import RunConfig
+from .results import _clean, load_run, run_path, save_run
+from .sweep import run_lock
+
+__all__ = ["Comparison", "compare", "select", "verify_runs", "stored_kernels", "machine_words"]
+
+# What a run records per round that any change of the arithmetic shows in.
+ROUND_FIELDS = ("round", "num_active", "accuracy", "loss", "train_loss", "update_norm", "collapsed")
+
+
+def stored_kernels(payload: dict[str, Any]) -> str:
+    """The kernel mode a stored run was computed with ("pinned", "native"; results from before
+    the modes existed are "native": torch's choice on whatever CPU computed them)."""
+    return payload.get("provenance", {}).get("kernels", "native")
+
+
+def machine_words(prov: dict[str, Any]) -> str:
+    """A run's machine in a few words: CPU, kernel mode, code version."""
+    cpu = prov.get("cpu") or prov.get("machine") or "unknown CPU"
+    return f"{cpu}, {prov.get('kernels', 'native (before pinning existed)')} kernels, code {prov.get('code_version', '?')}"
+
+
+def _rounds(history: list[dict[str, Any]]) -> list[tuple]:
+    return [tuple(row.get(k) for k in ROUND_FIELDS) for row in _clean(history)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    key: str
+    label: str
+    gamma: float
+    seed: int
+    stored_kernels: str
+    identical: bool
+    stored_accuracy: float
+    new_accuracy: float
+    stored_collapsed: bool
+    new_collapsed: bool
+    stored_machine: str
+    new_machine: str
+
+    @property
+    def collapse_flipped(self) -> bool:
+        return self.stored_collapsed != self.new_collapsed
+
+    @property
+    def must_match(self) -> bool:
+        """A pinned run recomputed with pinned kernels must come back bit for bit."""
+        return self.stored_kernels == "pinned" and numerics.kernels() == "pinned"
+
+    @property
+    def failed(self) -> bool:
+        return self.must_match and not self.identical
+
+    def line(self) -> str:
+        head = f"{self.key}  {self.label:28s} gamma {self.gamma} seed {self.seed}: "
+        if self.identical:
+            body = "bit-identical"
+        else:
+            change = self.new_accuracy - self.stored_accuracy
+            flip = (f"; collapse flipped ({'collapsed' if self.stored_collapsed else 'ran'} -> "
+                    f"{'collapsed' if self.new_collapsed else 'ran'})") if self.collapse_flipped else "; collapse unchanged"
+            body = f"final accuracy {self.stored_accuracy:.4f} -> {self.new_accuracy:.4f} ({change:+.4f}){flip}"
+            if self.failed:
+                body = "NOT REPRODUCED (a pinned run must come back bit for bit): " + body
+        return f"{head}{body}\n    stored on {self.stored_machine}\n    now on    {self.new_machine}"
+
+    def record(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "collapse_flipped": self.collapse_flipped,
+                "now_kernels": numerics.kernels()}
+
+
+def compare(payload: dict[str, Any], result, new_provenance: dict[str, Any]) -> Comparison:
+    """The comparison of a stored payload with a recomputed `RunResult`."""
+    config = RunConfig.from_dict(payload["config"])
+    s, n = payload["summary"], result.summary
+    return Comparison(key=payload["key"], label=config.method.label, gamma=config.system.gamma, seed=config.seed,
+                      stored_kernels=stored_kernels(payload),
+                      identical=_rounds(payload["history"]) == _rounds(result.history),
+                      stored_accuracy=float(s["final_accuracy"]), new_accuracy=float(n["final_accuracy"]),
+                      stored_collapsed=bool(s["collapsed"]), new_collapsed=bool(n["collapsed"]),
+                      stored_machine=machine_words(payload.get("provenance", {})),
+                      new_machine=machine_words(new_provenance))
+
+
+def select(configs_by_group: dict[str, list[RunConfig]], root, *, sample: int | None = None, seed: int = 0,
+           keys: Sequence[str] = (), stratify: bool = False) -> list[RunConfig]:
+    """The stored runs to recompute: those of `keys`, else of the groups (all of them, or a
+    random `sample` of N drawn with `seed`; with `stratify`, N per (group, method, gamma))."""
+    from .results import has_run
+
+    if keys:
+        out = []
+        for k in keys:
+            path = Path(root) / "runs" / f"{k}.json"
+            if not path.is_file():
+                raise ValueError(f"no stored run with key {k} in {root}")
+            out.append(RunConfig.from_dict(json.loads(path.read_text())["config"]))
+        return out
+    seen: dict[str, tuple[str, RunConfig]] = {}
+    for group, configs in configs_by_group.items():
+        for c in configs:
+            seen.setdefault(c.key(), (group, c))
+    stored = [(g, c) for g, c in seen.values() if has_run(c, root)]
+    if sample is None:
+        return [c for _, c in stored]
+    rand = random.Random(seed)
+    if not stratify:
+        return [c for _, c in rand.sample(stored, min(sample, len(stored)))]
+    strata: dict[tuple, list[RunConfig]] = {}
+    for g, c in stored:
+        strata.setdefault((g, c.method.label, c.system.gamma), []).append(c)
+    out = []
+    for key in sorted(strata, key=str):
+        members = sorted(strata[key], key=lambda c: c.key())
+        out += rand.sample(members, min(sample, len(members)))
+    return list({c.key(): c for c in out}.values())
+
+
+def _recompute(args: tuple[RunConfig, int]):
+    import torch
+
+    from ..simulator.engine import run
+
+    config, threads = args
+    torch.set_num_threads(threads)
+    return config.key(), run(config, progress=False)
+
+
+def verify_runs(configs: Sequence[RunConfig], root, *, workers: int = 1, log: str | os.PathLike | None = None,
+                replace_unpinned: bool = False, on_result=print) -> list[Comparison]:
+    """Recompute `configs` (stored runs) and compare each with its stored result; `on_result`
+    gets each comparison's `line()` as it finishes. With `replace_unpinned`, a recomputed run
+    whose stored result was not computed with pinned kernels replaces it (this process must
+    be in the pinned mode)."""
+    from .results import provenance
+
+    if replace_unpinned and numerics.kernels() != "pinned":
+        raise numerics.NumericsError("replacing unpinned results needs pinned kernels (this process is native)")
+    payloads = {c.key(): load_run(c, root) for c in configs}
+    by_key = {c.key(): c.replace(device="cpu") for c in configs}
+    log_file = open(log, "a") if log else None
+    out: list[Comparison] = []
+
+    def done(key: str, result) -> None:
+        comparison = compare(payloads[key], result, provenance(by_key[key].device, result.machine))
+        out.append(comparison)
+        on_result(comparison.line())
+        if log_file:
+            log_file.write(json.dumps(comparison.record()) + "\n")
+            log_file.flush()
+        if replace_unpinned and comparison.stored_kernels != "pinned":
+            with run_lock(by_key[key], root, wait=True):
+                save_run(result, by_key[key], root)
+
+    try:
+        todo = [(c, 1 if workers > 1 else __import__("torch").get_num_threads()) for c in by_key.values()]
+        if workers == 1:
+            for args in todo:
+                done(*_recompute(args))
+        else:
+            with mp.get_context("spawn").Pool(workers) as pool:
+                for key, result in pool.imap_unordered(_recompute, todo):
+                    done(key, result)
+    finally:
+        if log_file:
+            log_file.close()
+    return out
+
+
+def read_log(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Every record of the given JSON-lines logs (the last record of a key wins)."""
+    records: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    records[rec["key"]] = rec
+    return list(records.values())

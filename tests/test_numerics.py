@@ -1,0 +1,193 @@
+"""Pinned numerics, provenance that names the machine, and `verify` (issue 33).
+
+The pinned mode is shown to work the way the issue asks: the same small run computed in two
+processes given different maximum instruction sets differs with native kernels, and is
+bit-identical with pinned kernels."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from fedsteer_lib import numerics
+from fedsteer_lib.experiments import cli
+from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
+from fedsteer_lib.experiments.results import run_path, save_run
+from fedsteer_lib.experiments.sweep import run_grid
+
+REPO = Path(__file__).resolve().parents[1]
+# Evaluated on a 1,000-image validation split: a few seconds a run.
+SMALL = RunConfig(method=method("fedavg"), system=FLSystem(num_clients=20, gamma=0.9, validation_size=1000), seed=0,
+                  training=Training(rounds=3, local_epochs=1, eval_every=1, eval_last=1, client_lr=0.1))
+
+RUN = """
+import json, sys
+import fedsteer_lib  # pins (or not) before torch computes
+from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
+from fedsteer_lib.simulator.engine import run
+c = RunConfig(method=method("fedavg"), system=FLSystem(num_clients=20, gamma=0.9, validation_size=1000), seed=0,
+              training=Training(rounds=3, local_epochs=1, eval_every=1, eval_last=1, client_lr=0.1))
+r = run(c, progress=False)
+print(json.dumps({"rounds": [[h["accuracy"], h["loss"], h["update_norm"]] for h in r.history], "machine": r.machine}))
+"""
+# A lower maximum instruction set than this CPU's best, for each of the three libraries.
+LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+
+
+def _run_in_process(kernels: str, extra_env: dict[str, str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (*LOWER_ISA, numerics.ENV_VAR)}
+    env.update(extra_env, **{numerics.ENV_VAR: kernels})
+    proc = subprocess.run([sys.executable, "-c", RUN], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def four_runs() -> dict[tuple[str, str], dict]:
+    cases = [(k, isa) for k in numerics.KERNELS for isa in ("best", "lower")]
+    with ThreadPoolExecutor(2) as pool:
+        outs = pool.map(lambda case: _run_in_process(case[0], LOWER_ISA if case[1] == "lower" else {}), cases)
+    return dict(zip(cases, outs))
+
+
+def test_native_kernels_give_other_bits_under_another_maximum_isa(four_runs):
+    best, lower = four_runs[("native", "best")], four_runs[("native", "lower")]
+    assert best["rounds"] != lower["rounds"]
+    assert lower["machine"]["aten_cpu_capability"] == "DEFAULT" and lower["machine"]["mkl_cbwr"] == "COMPATIBLE"
+
+
+def test_pinned_kernels_give_the_same_bits_whatever_maximum_isa_the_process_is_given(four_runs):
+    best, lower = four_runs[("pinned", "best")], four_runs[("pinned", "lower")]
+    assert best["rounds"] == lower["rounds"]
+    for m in (best["machine"], lower["machine"]):
+        assert (m["kernels"], m["aten_cpu_capability"], m["onednn"], m["nnpack"], m["mkl_cbwr"], m["threads"]) == (
+            "pinned", "AVX2", "off", "off", "AVX2,STRICT", 1)
+
+
+def test_pinned_kernels_refuse_a_process_where_torch_computed_first():
+    code = """
+import os, torch
+os.environ["ATEN_CPU_CAPABILITY"] = "default"
+torch.ones(8).sum()  # ATen's CPU capability is now fixed at DEFAULT
+import fedsteer_lib
+from fedsteer_lib import numerics
+try:
+    numerics.check_kernels("cpu")
+except numerics.NumericsError as err:
+    print("REFUSED", err)
+"""
+    env = {**os.environ, numerics.ENV_VAR: "pinned"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True).stdout
+    assert "REFUSED pinned kernels asked for, but torch uses DEFAULT kernels" in out and "import fedsteer_lib before" in out
+
+
+@pytest.fixture(scope="module")
+def computed(tmp_path_factory) -> Path:
+    """A cache holding SMALL, computed once for the tests below (each copies it)."""
+    root = tmp_path_factory.mktemp("computed")
+    assert run_grid([SMALL], root, progress=False) == 1
+    return root
+
+
+@pytest.fixture
+def cache(computed, tmp_path) -> Path:
+    import shutil
+
+    shutil.copytree(computed, tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+def test_a_result_records_the_machine_that_computed_it(cache):
+    tmp_path = cache
+    prov = json.loads(run_path(SMALL, tmp_path).read_text())["provenance"]
+    for field in ("cpu", "cpu_flags", "kernels", "aten_cpu_capability", "onednn", "nnpack", "mkl_cbwr", "torch",
+                  "onednn_version", "mkl_version", "threads", "code_version", "date", "python", "device"):
+        assert field in prov, field
+    assert prov["cpu"] == numerics.cpu_model() and "avx2" in prov["cpu_flags"]
+    assert prov["kernels"] == numerics.kernels() == "pinned" and prov["threads"] == 1
+    assert prov["code_version"].endswith("-dirty") == ("diff_sha1" in prov)
+
+
+def test_a_dirty_tree_is_named_by_the_hash_of_its_diff(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("x = 1\n")
+    git("add", "f.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    assert numerics.tree_diff_hash(tmp_path) is None
+    (tmp_path / "f.py").write_text("x = 2\n")
+    first = numerics.tree_diff_hash(tmp_path)
+    (tmp_path / "f.py").write_text("x = 3\n")
+    assert first and len(first) == 12 and numerics.tree_diff_hash(tmp_path) not in (None, first)
+
+
+# --- verify: identical, changed, collapse flipped --------------------------------------------------
+def _verify(capsys, root: Path, *keys: str) -> tuple[int, str]:
+    code = cli.main(["verify", "--profile", "quick", "--results", str(root), *[a for k in keys for a in ("--key", k)]])
+    return code, capsys.readouterr().out
+
+
+def test_verify_says_bit_identical_for_a_pinned_run(cache, capsys):
+    tmp_path = cache
+    code, out = _verify(capsys, tmp_path, SMALL.key())
+    assert code == 0 and f"{SMALL.key()}  fedavg" in out and ": bit-identical" in out and "1 of 1 bit-identical" in out
+
+
+def test_verify_fails_when_a_pinned_run_does_not_come_back(cache, capsys):
+    tmp_path = cache
+    path = run_path(SMALL, tmp_path)
+    payload = json.loads(path.read_text())
+    payload["history"][-1]["update_norm"] *= 1 + 1e-7  # one bit-level change in the last round
+    payload["summary"]["final_accuracy"] -= 0.01
+    payload["history"][-1]["accuracy"] -= 0.01
+    path.write_text(json.dumps(payload))
+    code, out = _verify(capsys, tmp_path, SMALL.key())
+    assert code == 1 and "NOT REPRODUCED (a pinned run must come back bit for bit)" in out
+    assert "(+0.0100); collapse unchanged" in out and "0 of 1 bit-identical" in out
+
+
+def test_verify_reports_a_flipped_collapse_of_an_unpinned_run_without_failing(cache, capsys):
+    tmp_path = cache
+    path = run_path(SMALL, tmp_path)
+    payload = json.loads(path.read_text())
+    payload["provenance"] = {"cpu": "Some Other CPU", "code_version": "abc1234"}  # computed before pinning existed
+    payload["summary"].update(collapsed=True, collapse_round=2, accuracy_before_collapse=0.3,
+                              final_accuracy=0.1)
+    payload["history"][-1]["accuracy"] = 0.1
+    path.write_text(json.dumps(payload))
+    code, out = _verify(capsys, tmp_path, SMALL.key())
+    assert code == 0 and "collapse flipped (collapsed -> ran)" in out and "1 collapses flipped" in out
+    assert "stored on Some Other CPU, native (before pinning existed) kernels, code abc1234" in out
+
+
+def test_verify_replaces_an_unpinned_result_with_the_pinned_one(cache, capsys):
+    tmp_path = cache
+    path = run_path(SMALL, tmp_path)
+    payload = json.loads(path.read_text())
+    payload["provenance"] = {"cpu": "Some Other CPU"}
+    path.write_text(json.dumps(payload))
+    log = tmp_path / "log.jsonl"
+    code = cli.main(["verify", "--profile", "quick", "--results", str(tmp_path), "--key", SMALL.key(),
+                     "--replace-unpinned", "--log", str(log)])
+    assert code == 0 and json.loads(path.read_text())["provenance"]["kernels"] == "pinned"
+    record = json.loads(log.read_text().splitlines()[0])
+    assert record["key"] == SMALL.key() and record["identical"] and record["stored_kernels"] == "native"
+    capsys.readouterr()
+    assert cli.main(["verify", "--profile", "quick", "--results", str(tmp_path), "--key", SMALL.key(),
+                     "--replace-unpinned"]) == 0
+    assert "nothing to verify" in capsys.readouterr().out  # already pinned: not recomputed again
+
+
+def test_the_committed_pinned_reference_run_reproduces_bit_for_bit():
+    """CI's check that a committed pinned run comes back bit for bit on the machine CI runs on."""
+    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "verify", "--what", "reference"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "1 of 1 bit-identical" in proc.stdout, proc.stdout + proc.stderr
+    assert "stored on" in proc.stdout and "pinned kernels" in proc.stdout
