@@ -140,51 +140,67 @@ def select(configs_by_group: dict[str, list[RunConfig]], root, *, sample: int | 
     return list({c.key(): c for c in out}.values())
 
 
-def _recompute(args: tuple[RunConfig, int]):
+def _verify_one(args: tuple[RunConfig, str, int, bool]):
+    """Recompute one stored run: (stored payload, RunResult), or None when `replace` and the run
+    is already pinned or another process is replacing it (its lock is held)."""
     import torch
 
     from ..simulator.engine import run
 
-    config, threads = args
+    config, root, threads, replace = args
     torch.set_num_threads(threads)
-    return config.key(), run(config, progress=False)
+    if not replace:
+        return load_run(config, root), run(config, progress=False)
+    with run_lock(config, root, wait=False) as held:
+        if not held:
+            return None
+        payload = load_run(config, root)
+        if stored_kernels(payload) == "pinned":
+            return None
+        result = run(config, progress=False)
+        save_run(result, config, root)
+        return payload, result
 
 
 def verify_runs(configs: Sequence[RunConfig], root, *, workers: int = 1, log: str | os.PathLike | None = None,
                 replace_unpinned: bool = False, on_result=print) -> list[Comparison]:
     """Recompute `configs` (stored runs) and compare each with its stored result; `on_result`
     gets each comparison's `line()` as it finishes. With `replace_unpinned`, a recomputed run
-    whose stored result was not computed with pinned kernels replaces it (this process must
-    be in the pinned mode)."""
+    whose stored result was not computed with pinned kernels replaces it (this process must be
+    in the pinned mode); the runs are then taken seed by seed, each under its run lock, so that
+    several such processes share the work and one killed at any moment loses only its current run."""
     from .results import provenance
 
     if replace_unpinned and numerics.kernels() != "pinned":
         raise numerics.NumericsError("replacing unpinned results needs pinned kernels (this process is native)")
-    payloads = {c.key(): load_run(c, root) for c in configs}
-    by_key = {c.key(): c.replace(device="cpu") for c in configs}
+    configs = [c.replace(device="cpu") for c in configs]
+    if replace_unpinned:
+        configs.sort(key=lambda c: (c.seed, c.method.name == "full"))
     log_file = open(log, "a") if log else None
     out: list[Comparison] = []
 
-    def done(key: str, result) -> None:
-        comparison = compare(payloads[key], result, provenance(by_key[key].device, result.machine))
+    def done(outcome) -> None:
+        if outcome is None:
+            return
+        payload, result = outcome
+        comparison = compare(payload, result, provenance("cpu", result.machine))
         out.append(comparison)
         on_result(comparison.line())
         if log_file:
             log_file.write(json.dumps(comparison.record()) + "\n")
             log_file.flush()
-        if replace_unpinned and comparison.stored_kernels != "pinned":
-            with run_lock(by_key[key], root, wait=True):
-                save_run(result, by_key[key], root)
 
     try:
-        todo = [(c, 1 if workers > 1 else __import__("torch").get_num_threads()) for c in by_key.values()]
+        import torch
+
+        todo = [(c, str(root), 1 if workers > 1 else torch.get_num_threads(), replace_unpinned) for c in configs]
         if workers == 1:
             for args in todo:
-                done(*_recompute(args))
+                done(_verify_one(args))
         else:
             with mp.get_context("spawn").Pool(workers) as pool:
-                for key, result in pool.imap_unordered(_recompute, todo):
-                    done(key, result)
+                for outcome in pool.imap_unordered(_verify_one, todo):
+                    done(outcome)
     finally:
         if log_file:
             log_file.close()
