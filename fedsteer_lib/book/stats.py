@@ -27,7 +27,8 @@ from .table_display import mean_std_text
 
 __all__ = ["summarize", "format_pct", "counted", "collapse_counts", "with_core_lambda", "paired_comparison", "family_verdicts",
            "coreset_lambda_table", "coreset_lambda_pairs", "paper_agreement", "comparisons_display", "describe_verdicts",
-           "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts"]
+           "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts", "t_critical", "mean_ci",
+           "one_sample_t_test"]
 
 # Verdict words need at least this many paired seeds; fewer are shown as indicative only.
 MIN_SEEDS_FOR_VERDICT = 5
@@ -257,6 +258,35 @@ def paired_t_test(diffs: Sequence[float]) -> dict:
         return {"n": n, "mean": mean, "se": 0.0, "t": float("nan"), "p": float("nan")}
     t = mean / se
     return {"n": n, "mean": mean, "se": se, "t": t, "p": t_two_sided_p(t, n - 1)}
+
+
+def t_critical(df: int, confidence: float = 0.95) -> float:
+    """The t value with P(|T| >= t) = 1 - confidence for `df` degrees of freedom (bisection on
+    `t_two_sided_p`): 12.706 for df = 1, 2.365 for df = 7 at 95 %."""
+    lo, hi = 0.0, 1e4
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 1 - confidence else (lo, mid)
+    return (lo + hi) / 2
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, int]:
+    """(mean, half-width of its `confidence` t-interval, n) of the finite `values`: the book's
+    one uncertainty (NaN half-width below two values)."""
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    n = int(v.size)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    if n < 2:
+        return float(v.mean()), float("nan"), n
+    return float(v.mean()), float(t_critical(n - 1, confidence) * v.std(ddof=1) / math.sqrt(n)), n
+
+
+def one_sample_t_test(values: Sequence[float], target: float = 0.0) -> dict:
+    """The t-test of the mean of `values` (one per independent unit: a seed, a run) against
+    `target`: n, mean, standard error, t and the two-sided p (NaN below two values)."""
+    return paired_t_test([x - target for x in values if x == x]) | {
+        "mean": float(np.mean([x for x in values if x == x])) if any(x == x for x in values) else float("nan")}
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -1,5 +1,7 @@
-"""Tables for reading: numbers to three significant digits in plain notation, "—" for a missing
-value, "yes"/"no" for a truth value, mean ± std (n), and no index column. Display only: the values
+"""Tables and numbers for reading, one convention for the whole book: accuracies with three
+decimals (0.840), relative gains and changes in percent with one decimal and a sign (+8.2 %),
+p-values with three decimals or "p < 0.001", the uncertainty as a 95 % interval "[lo, hi]", "—"
+for a missing value, "yes"/"no" for a truth value, and no index column. Display only: the values
 a chapter computes and checks are untouched."""
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import pandas as pd
 from IPython.display import Markdown
 from pandas.io.formats.style import Styler
 
-__all__ = ["readable_value", "mean_std_text", "readable_table", "table_or_note"]
+__all__ = ["readable_value", "mean_std_text", "readable_table", "table_or_note", "fmt_acc", "fmt_pct", "fmt_p",
+           "fmt_interval", "MISSING"]
 
 MISSING = "—"
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -43,6 +46,35 @@ def readable_value(value: Any, digits: int = 3) -> str:
     if decimals and abs(float(text.replace(",", "")) - v) <= 1e-6 * abs(v):  # an exact value (a setting such as 0.9): no padding zeros
         text = text.rstrip("0").rstrip(".")
     return text
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, Real) and math.isnan(float(x)))
+
+
+def fmt_acc(x: Any) -> str:
+    """An accuracy (or any number in [0, 1] read as one): 0.84 -> "0.840"."""
+    return MISSING if _missing(x) else f"{float(x):.3f}"
+
+
+def fmt_pct(x: Any, signed: bool = True) -> str:
+    """A relative gain or change: 0.0823 -> "+8.2 %" (unsigned: "8.2 %")."""
+    return MISSING if _missing(x) else (f"{100 * float(x):+.1f} %" if signed else f"{100 * float(x):.1f} %")
+
+
+def fmt_p(p: Any) -> str:
+    """A p-value: "p < 0.001", "p = 0.034", "—" when there is no test."""
+    if _missing(p):
+        return MISSING
+    return "p < 0.001" if p < 0.001 else f"p = {float(p):.3f}"
+
+
+def fmt_interval(lo: Any, hi: Any, pct: bool = True) -> str:
+    """A 95 % interval: "[−3.4 %, +5.8 %]" (pct) or "[0.812, 0.845]"; "—" when not defined."""
+    if _missing(lo) or _missing(hi):
+        return MISSING
+    f = fmt_pct if pct else fmt_acc
+    return f"[{f(lo)}, {f(hi)}]".replace("-", "−")
 
 
 def mean_std_text(mean: float, std: float, n: int, digits: int = 3, *, with_n: bool = True) -> str:

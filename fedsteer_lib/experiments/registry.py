@@ -18,8 +18,9 @@ from ..simulator.baselines import (FedAvg, FedAvgUnbiased, FedProx, FedStale, Fe
 from ..simulator.settings import is_int, is_real
 from ..strategy import Strategy
 
-__all__ = ["Param", "MethodInfo", "METHODS", "Role", "ROLES", "TABLE1_ROLES", "FRAMEWORK_ROLES", "role_of",
-           "display_name", "colour", "make_strategy", "ORDERINGS", "SELECTIONS", "WEIGHTINGS", "MIFA_STARTS"]
+__all__ = ["Param", "MethodInfo", "METHODS", "Role", "ROLES", "TABLE1_ROLES", "FRAMEWORK_ROLES", "BASELINE_ROLES",
+           "role_of", "display_name", "colour", "style", "make_strategy", "ORDERINGS", "SELECTIONS", "WEIGHTINGS",
+           "MIFA_STARTS"]
 
 ORDERINGS = ("unbiased", "as_written")
 SELECTIONS = ("greedy", "random")
@@ -73,8 +74,8 @@ class MethodInfo:
         return {k: p.default for k, p in self.params.items()}
 
 
-# In the book's order. Colours: FedSteer, FedAvg and full participation stand out; the other
-# baselines are muted.
+# In the book's order. One colour per method for the whole book, from the Okabe-Ito palette
+# (safe for the common colour-vision deficiencies); FedSteer is always vermillion.
 METHODS: dict[str, MethodInfo] = {m.name: m for m in [
     MethodInfo("full", FullParticipation, "Full participation", "#000000",
                summary="every client every round (the upper bound)"),
@@ -94,7 +95,7 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in [
     MethodInfo("mifa", MIFA, "MIFA", "#CC79A7",
                {"warmup_cycles": _int(0), "start": _one_of(MIFA_STARTS, "zero", late=True)},
                summary="average of every client's last update; start=wait_all: MIFA's fdu.py"),
-    MethodInfo("scaffold", Scaffold, "SCAFFOLD", "#999999", {"weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
+    MethodInfo("scaffold", Scaffold, "SCAFFOLD", "#5F5F5F", {"weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
                summary="control variates c, c_i correct the local steps"),
     MethodInfo("fedprox", FedProx, "FedProx", "#8C6D31",
                {"mu": _real(0.1), "weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
@@ -106,14 +107,16 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in [
 class Role:
     """A named row of a results table: a method with some parameters `fixed`; the parameters in
     `free` may take any value (FedStale's beta, FedSteer's warm-up length); every other
-    parameter must be at its default, FedSteer's |X| and lambda at the data set's."""
+    parameter must be at its default, FedSteer's |X| and lambda at the data set's. It is drawn
+    in its method's colour, with its own marker and line style (`style`)."""
 
     key: str
     display: str
     method: str
     fixed: Mapping[str, Any] = field(default_factory=dict)
     free: tuple[str, ...] = ()
-    colour: str | None = None
+    marker: str = "o"
+    linestyle: str = "-"
 
     def matches(self, name: str, params: Mapping[str, Any], dataset_defaults: Mapping[str, Any] | None = None) -> bool:
         if name != self.method:
@@ -124,25 +127,29 @@ class Role:
 
 _STEER = ("warmup_cycles",)
 ROLES: dict[str, Role] = {r.key: r for r in [
-    Role("full", "Full participation", "full"),
-    Role("fedsteer", "FedSteer", "fedsteer", free=_STEER),
-    Role("fedsteer_enforce5", "FedSteer (enforce=5)", "fedsteer", {"refresh_every": 5}, _STEER, "#F0A04B"),
-    Role("fedavg", "FedAvg", "fedavg"),
-    Role("fedavg_unbiased", "FedAvg (unbiased)", "fedavg_unbiased"),
-    Role("fedvarp", "FedVARP", "fedvarp"),
-    Role("fedstale", "FedStale (best β)", "fedstale", free=("beta",)),
-    Role("mifa", "MIFA", "mifa"),
-    Role("scaffold", "SCAFFOLD", "scaffold"),
-    Role("fedprox", "FedProx", "fedprox"),
-    # the FedStale code base's conventions (the conventions table)
-    Role("fedsteer_as_written", "FedSteer (as written)", "fedsteer", {"ordering": "as_written"}, _STEER, "#A03C00"),
-    Role("fedprox_unbiased", "FedProx (unbiased)", "fedprox", {"weighting": "unbiased"}),
-    Role("scaffold_unbiased", "SCAFFOLD (unbiased)", "scaffold", {"weighting": "unbiased"}),
-    Role("mifa_wait_all", "MIFA (wait for all)", "mifa", {"start": "wait_all"}),
+    Role("full", "Full participation", "full", marker="", linestyle="--"),
+    Role("fedsteer", "FedSteer", "fedsteer", free=_STEER, marker="o"),
+    Role("fedsteer_enforce5", "FedSteer (enforce=5)", "fedsteer", {"refresh_every": 5}, _STEER, marker="s", linestyle="-."),
+    Role("fedavg", "FedAvg", "fedavg", marker="v"),
+    Role("fedavg_unbiased", "FedAvg (unbiased)", "fedavg_unbiased", marker="^"),
+    Role("fedvarp", "FedVARP", "fedvarp", marker="D"),
+    Role("fedstale", "FedStale (best β)", "fedstale", free=("beta",), marker="P"),
+    Role("mifa", "MIFA", "mifa", marker="X"),
+    Role("scaffold", "SCAFFOLD", "scaffold", marker="*"),
+    Role("fedprox", "FedProx", "fedprox", marker="h"),
+    # the FedStale code base's conventions (the appendix) and the paper's other reading of Algorithm 2
+    Role("fedsteer_as_written", "FedSteer (as written)", "fedsteer", {"ordering": "as_written"}, _STEER, marker="d",
+         linestyle=":"),
+    Role("fedprox_unbiased", "FedProx (unbiased)", "fedprox", {"weighting": "unbiased"}, marker="H", linestyle=":"),
+    Role("scaffold_unbiased", "SCAFFOLD (unbiased)", "scaffold", {"weighting": "unbiased"}, marker="p", linestyle=":"),
+    Role("mifa_wait_all", "MIFA (wait for all)", "mifa", {"start": "wait_all"}, marker="x", linestyle=":"),
 ]}
 # The rows of the paper's Table 1, in the book's order.
 TABLE1_ROLES: tuple[str, ...] = ("full", "fedsteer", "fedsteer_enforce5", "fedavg", "fedavg_unbiased", "fedvarp",
                                  "fedstale", "mifa", "scaffold", "fedprox")
+# The baselines of Table 1: "the best baseline" is the one of these with the highest mean (FedStale
+# at its best β), full participation being the upper bound and FedSteer's variants the method.
+BASELINE_ROLES: tuple[str, ...] = ("fedavg", "fedavg_unbiased", "fedvarp", "fedstale", "mifa", "scaffold", "fedprox")
 # The same table in the FedStale code base's conventions (FedVARP and FedStale are the same in both).
 FRAMEWORK_ROLES: tuple[str, ...] = ("full", "fedsteer", "fedsteer_as_written", "fedavg_unbiased", "fedvarp",
                                     "fedstale", "mifa_wait_all", "scaffold_unbiased", "fedprox_unbiased")
@@ -163,10 +170,15 @@ def display_name(key: str) -> str:
 
 
 def colour(key: str) -> str:
-    """The colour of a role (its own, else its method's) or a method."""
-    if key in ROLES:
-        return ROLES[key].colour or METHODS[ROLES[key].method].colour
-    return METHODS[key].colour
+    """The colour of a role (its method's: one colour per method in the whole book) or a method."""
+    return METHODS[ROLES[key].method].colour if key in ROLES else METHODS[key].colour
+
+
+def style(key: str) -> dict[str, str]:
+    """Matplotlib keyword arguments that draw a role (or a method, as its main role): its
+    method's colour, its marker and its line style, e.g. `ax.plot(x, y, **style("fedsteer"))`."""
+    role = ROLES.get(key) or next(r for r in ROLES.values() if r.method == key)
+    return {"color": colour(role.key), "marker": role.marker, "linestyle": role.linestyle}
 
 
 def make_strategy(spec) -> Strategy:

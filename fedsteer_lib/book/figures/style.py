@@ -12,7 +12,8 @@ import seaborn as sns
 from matplotlib.text import Text
 
 __all__ = ["CB", "RED", "GROUP_COLOURS", "KIND_COLOURS", "COLUMN_WIDTH", "MIN_FONT", "column_figure",
-           "fit_to_column", "robust_limits", "symmetric_limit", "highlight_colours"]
+           "fit_to_column", "robust_limits", "symmetric_limit", "highlight_colours", "method_style", "label_line_ends",
+           "colorbar"]
 
 CB = sns.color_palette("colorblind", 8)
 RED = (0.80, 0.10, 0.10)
@@ -88,3 +89,36 @@ def symmetric_limit(values: Iterable[float] | np.ndarray, percentile: float = 98
     v = v[np.isfinite(v)]
     lim = float(np.percentile(v, percentile)) if len(v) else 0.0
     return lim if lim > 0 else 1.0
+
+
+def method_style(role: str, **overrides) -> dict:
+    """How every figure of the book draws a method (a Table 1 role or a method name): its one
+    colour, marker and line style from the method registry (`registry.style`), plus `overrides`
+    (e.g. `label=...`, `linewidth=...`)."""
+    from ...experiments.registry import style
+
+    return {**style(role), **overrides}
+
+
+def label_line_ends(ax: plt.Axes, ends: Sequence[tuple[float, float, str, object]], *, pad: float = 0.01,
+                    min_gap: float | None = None) -> None:
+    """Direct labels instead of a legend: `ends` holds (x, y, text, colour) of each line's last
+    point; the labels go just right of the axes' data, in the line's colour, nudged apart
+    vertically so that none overlaps (`min_gap` in data units: 4 % of the y range by default)."""
+    if not ends:
+        return
+    lo, hi = ax.get_ylim()
+    gap = min_gap if min_gap is not None else 0.04 * (hi - lo)
+    placed: list[float] = []
+    for x, y, text, colour in sorted(ends, key=lambda e: e[1]):
+        y_text = max(y, placed[-1] + gap) if placed else y
+        placed.append(y_text)
+        ax.annotate(text, xy=(x, y), xytext=(1 + pad, y_text), textcoords=("axes fraction", "data"), color=colour,
+                    va="center", ha="left", fontsize=MIN_FONT, annotation_clip=False)
+
+
+def colorbar(fig: plt.Figure, mappable, ax, label: str) -> None:
+    """A colour bar for a heatmap, labelled with what its colours measure (every heatmap of the
+    book has one)."""
+    bar = fig.colorbar(mappable, ax=ax, shrink=0.9)
+    bar.set_label(label)
