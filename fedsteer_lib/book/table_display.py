@@ -58,8 +58,11 @@ def fmt_acc(x: Any) -> str:
 
 
 def fmt_pct(x: Any, signed: bool = True) -> str:
-    """A relative gain or change: 0.0823 -> "+8.2 %" (unsigned: "8.2 %")."""
-    return MISSING if _missing(x) else (f"{100 * float(x):+.1f} %" if signed else f"{100 * float(x):.1f} %")
+    """A relative gain or change: 0.0823 -> "+8.2 %", -0.05 -> "−5.0 %" (a true minus sign);
+    unsigned: "8.2 %"."""
+    if _missing(x):
+        return MISSING
+    return (f"{100 * float(x):+.1f} %" if signed else f"{100 * float(x):.1f} %").replace("-", "−")
 
 
 def fmt_p(p: Any) -> str:
