@@ -64,7 +64,7 @@ def test_runtime_table_by_hand(fake):
     assert g1["total wall time (h)"] == pytest.approx((3600 + 7200 + 1800) / 3600)  # 3.5
     assert g1["median wall time (min)"] == pytest.approx(3600 / 60)  # median of 1800, 3600, 7200 s
     assert g1["device"] == "cpu, cuda:0 (H200)" and g1["threads"] == "1, 2" and g1["torch"] == "2.0, 2.1"
-    assert g1["python"] == "3.11.7"
+    assert g1["kernels"] == "native 3" and g1["CPU"] == "not recorded"  # stored before the kernel modes existed
     assert g1["code versions"] == "v0 … v2 (3 versions)"  # ordered by date: C (v0), A (v1), B (v2)
     assert g2["runs"] == "1 of 2" and g2["total wall time (h)"] == pytest.approx(0.5)
     assert g2["median wall time (min)"] == pytest.approx(30.0) and g2["code versions"] == "v0"
@@ -77,12 +77,12 @@ def test_runtime_markdown_by_hand(fake):
     with pytest.warns(UserWarning):
         text = provenance.runtime_markdown(provenance.runtime_table(groups, root))
     first, second = (part.splitlines() for part in text.split("\n\n"))
-    assert first[0] == "| group | runs | total wall time (h) | median wall time (min) |"
-    assert first[2:] == ["| g1 | 3 of 4 | 3.50 | 60.0 |", "| g2 | 1 of 2 | 0.50 | 30.0 |",
-                         "| all groups (each run once) | 3 of 5 | 3.50 | 60.0 |"]
-    assert second[0] == "| group | device | threads | torch | python | code versions |"
-    assert second[2] == "| g1 | cpu, cuda:0 (H200) | 1, 2 | 2.0, 2.1 | 3.11.7 | v0 … v2 (3 versions) |"
-    assert second[3] == "| g2 | cuda:0 (H200) | 1 | 2.1 | 3.11.7 | v0 |"
+    assert first[0] == "| group | runs | total wall time (h) | median wall time (min) | kernels |"
+    assert first[2:] == ["| g1 | 3 of 4 | 3.50 | 60.0 | native 3 |", "| g2 | 1 of 2 | 0.50 | 30.0 | native 1 |",
+                         "| all groups (each run once) | 3 of 5 | 3.50 | 60.0 | native 3 |"]
+    assert second[0] == "| group | CPU | device | threads | torch | code versions |"
+    assert second[2] == "| g1 | not recorded | cpu, cuda:0 (H200) | 1, 2 | 2.0, 2.1 | v0 … v2 (3 versions) |"
+    assert second[3] == "| g2 | not recorded | cuda:0 (H200) | 1 | 2.1 | v0 |"
     assert len(second) == 5
 
 def test_all_runs_table_by_hand(fake):

@@ -1,10 +1,13 @@
-"""Where the committed results come from: per run group, how many runs, their wall time, and the
-devices, threads, library and code versions recorded in each run's `provenance`; and one tidy CSV
-of every run's summary. `make book` writes both into `book/_generated/` (not committed) with
+"""Where the committed results come from, and what a rerun elsewhere changes: per run group, how
+many runs, their wall time, and the CPUs, kernels, devices, threads, library and code versions
+recorded in each run's `provenance`; one tidy CSV of every run's summary; what `verify` found
+when committed runs were recomputed (`data/results/verify/*.jsonl`); the cost of the pinned
+kernels (`data/results/bench/numerics_cost.json`); and the claims ledger. `make book` writes
+them into `book/_generated/` (not committed) with
 
     python -m fedsteer_lib.book.provenance book/_generated
 
-and `book/rerun.md` includes the table and links the CSV.
+and `book/rerun.md` includes the tables and links the CSVs.
 """
 from __future__ import annotations
 
@@ -21,10 +24,12 @@ from ..experiments.groups import run_groups
 from ..experiments.results import has_run, load_run, results_root, runs_table
 
 __all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
-           "write_generated"]
+           "verify_table", "verify_markdown", "cost_markdown", "write_generated"]
 
-RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "device", "threads",
-                   "torch", "python", "code versions")
+RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "kernels", "CPU", "device",
+                   "threads", "torch", "code versions")
+VERIFY_DIR = Path(__file__).resolve().parents[2] / "data" / "results" / "verify"
+COST_FILE = Path(__file__).resolve().parents[2] / "data" / "results" / "bench" / "numerics_cost.json"
 
 
 def cached_configs(configs: Iterable[RunConfig], root: str | os.PathLike) -> list[RunConfig]:
@@ -45,15 +50,21 @@ def run_provenance(configs: Iterable[RunConfig], root: str | os.PathLike) -> pd.
         payload = load_run(c, root)
         prov = payload.get("provenance", {})
         rows.append({"key": c.key(), "wall_time": payload["summary"]["wall_time"],
+                     "kernels": prov.get("kernels", "native"), "cpu": prov.get("cpu", "not recorded"),
                      **{k: prov.get(k) for k in ("device", "threads", "torch", "python", "code_version", "date")}})
-    return pd.DataFrame(rows, columns=["key", "wall_time", "device", "threads", "torch", "python", "code_version",
-                                       "date"])
+    return pd.DataFrame(rows, columns=["key", "wall_time", "kernels", "cpu", "device", "threads", "torch", "python",
+                                       "code_version", "date"])
 
 
 def _values(column: pd.Series) -> str:
     """The distinct values of a column, in order of first appearance, joined by ', '."""
     values = (int(v) if isinstance(v, float) and v.is_integer() else v for v in column.dropna())
     return ", ".join(str(v) for v in dict.fromkeys(values))  # 1.0 (a column with gaps) reads 1
+
+
+def _counts(column: pd.Series) -> str:
+    """'pinned 12, native 212': each distinct value with how many runs have it."""
+    return ", ".join(f"{v} {n}" for v, n in column.value_counts(sort=False).items())
 
 
 def _version_span(runs: pd.DataFrame) -> str:
@@ -80,9 +91,9 @@ def runtime_table(groups: Mapping[str, Sequence[RunConfig]], root: str | os.Path
         rows.append({"group": name, "runs": f"{len(runs)} of {defined}",
                      "total wall time (h)": None if empty else runs["wall_time"].sum() / 3600,
                      "median wall time (min)": None if empty else runs["wall_time"].median() / 60,
+                     "kernels": _counts(runs["kernels"]), "CPU": _values(runs["cpu"]),
                      "device": _values(runs["device"]), "threads": _values(runs["threads"]),
-                     "torch": _values(runs["torch"]), "python": _values(runs["python"]),
-                     "code versions": _version_span(runs)})
+                     "torch": _values(runs["torch"]), "code versions": _version_span(runs)})
     return pd.DataFrame(rows, columns=list(RUNTIME_COLUMNS))
 
 
@@ -99,7 +110,7 @@ def _markdown(table: pd.DataFrame, columns: Sequence[str], digits: Mapping[str, 
     return lines
 
 
-RUNTIME_SPLIT = 4  # the first table: group, runs and wall times; the second: the environment
+RUNTIME_SPLIT = 5  # the first table: group, runs, wall times and kernels; the second: the environment
 
 
 def runtime_markdown(table: pd.DataFrame) -> str:
@@ -130,23 +141,80 @@ def all_runs_table(groups: Mapping[str, Sequence[RunConfig]], root: str | os.Pat
     return table
 
 
+def verify_table(log_dir: str | os.PathLike = VERIFY_DIR) -> pd.DataFrame:
+    """What recomputing committed runs changed, one row per `verify` log (`<name>.jsonl`: the runs
+    of one group, or Table 1's recompute with pinned kernels): runs recomputed, how many came
+    back bit-identical, the median and largest absolute change of the final accuracy, collapses
+    that flipped, and the kernels they were stored with and recomputed with."""
+    from ..experiments.verify import read_log
+
+    rows = []
+    for path in sorted(Path(log_dir).glob("*.jsonl")):
+        records = pd.DataFrame(read_log([path]))
+        if records.empty:
+            continue
+        change = (records["new_accuracy"] - records["stored_accuracy"]).abs()
+        rows.append({"recomputed": path.stem, "runs": len(records), "bit-identical": int(records["identical"].sum()),
+                     "median change": float(change.median()), "largest change": float(change.max()),
+                     "collapses flipped": int(records["collapse_flipped"].sum()),
+                     "stored with": _counts(records["stored_kernels"]), "recomputed with": _counts(records["now_kernels"])})
+    return pd.DataFrame(rows, columns=["recomputed", "runs", "bit-identical", "median change", "largest change",
+                                       "collapses flipped", "stored with", "recomputed with"])
+
+
+def verify_markdown(table: pd.DataFrame) -> str:
+    """`verify_table` as a Markdown pipe table (changes of the final accuracy to 4 decimals)."""
+    if table.empty:
+        return "No committed run has been recomputed yet.\n"
+    return "\n".join(_markdown(table, list(table.columns), {"median change": 4, "largest change": 4})) + "\n"
+
+
+def cost_markdown(path: str | os.PathLike = COST_FILE) -> str:
+    """The measured cost of the pinned kernels (`bench/numerics_cost.py`) as a Markdown table."""
+    import json
+
+    if not Path(path).is_file():
+        return "The cost of the pinned kernels has not been measured on this machine yet (`bench/numerics_cost.py`).\n"
+    data = json.loads(Path(path).read_text())
+    table = pd.DataFrame(data["runs"])
+    summary = table.groupby("kernels")[["wall", "client", "eval", "process_cpu"]].median().reset_index()
+    names = {"wall": "whole run (s)", "client": "client training (s)", "eval": "evaluation (s)",
+             "process_cpu": "process CPU time (s)"}
+    lines = [f"Measured on {data['cpu']} ({', '.join(data['cpu_flags'])}), one thread, the same {data['run']} "
+             f"({data['repeats']} times each, alternating; medians):", ""]
+    lines += _markdown(summary.rename(columns=names), ["kernels", *names.values()], {v: 1 for v in names.values()})
+    ratio = summary.set_index("kernels")["process_cpu"]
+    if {"pinned", "native"} <= set(ratio.index):
+        lines += ["", f"Pinned over native, in CPU time: {ratio['pinned'] / ratio['native']:.2f} × on this CPU."]
+    return "\n".join(lines) + "\n"
+
+
 def _write_if_changed(path: Path, text: str) -> None:
     if not path.is_file() or path.read_text(encoding="utf8") != text:
         path.write_text(text, encoding="utf8")
 
 
 def write_generated(out_dir: str | os.PathLike, dataset: str = "fmnist", profile: str = "paper",
-                    root: str | os.PathLike | None = None) -> dict[str, Path]:
+                    root: str | os.PathLike | None = None, claims: bool | None = None) -> dict[str, Path]:
     """Write `runtime.md` (`runtime_markdown` of every run group) and `runs.csv`
     (`all_runs_table`) into `out_dir` from the results under `root` (the profile's cache by
     default). Files are rewritten only when their content changes. Returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    root_given = root
     root = results_root(profile) if root is None else Path(root)
     groups = run_groups(dataset, profile, root=root)
-    paths = {"runtime": out / "runtime.md", "runs": out / "runs.csv"}
+    paths = {"runtime": out / "runtime.md", "runs": out / "runs.csv", "verify": out / "verify.md",
+             "cost": out / "numerics_cost.md"}
     _write_if_changed(paths["runtime"], runtime_markdown(runtime_table(groups, root)))
     _write_if_changed(paths["runs"], all_runs_table(groups, root).to_csv(index=False))
+    _write_if_changed(paths["verify"], verify_markdown(verify_table(Path(root) / "verify")))
+    _write_if_changed(paths["cost"], cost_markdown(Path(root) / "bench" / "numerics_cost.json"))
+    if claims if claims is not None else root_given is None:  # the ledger of the profile's own cache
+        from . import ledger
+        from .context import setup
+
+        paths["claims"] = ledger.write(ledger.build(setup(profile, dataset)), out)
     return paths
 
 
@@ -161,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         paths = write_generated(args.out_dir, args.dataset, args.profile)
     stale = {str(w.message) for w in caught}
     note = f" ({len(stale)} stored results not counted: see `python -m fedsteer_lib status`)" if stale else ""
-    print(f"wrote {paths['runtime']} and {paths['runs']}{note}")
+    print(f"wrote {', '.join(str(p) for p in paths.values())}{note}")
 
 
 if __name__ == "__main__":
