@@ -197,28 +197,40 @@ def has_run(config: RunConfig, root: str | os.PathLike | None = None) -> bool:
     return result_problem(config, root) is None
 
 
-def _code_version() -> str:
+def _describe_code() -> tuple[str, str | None]:
+    """(`git describe --always --dirty`, the hash of the diff of a dirty tree) of the repository."""
     repo = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
+        version = out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return "unknown", None
+    return version, numerics.tree_diff_hash(repo) if version.endswith("-dirty") else None
+
+
+# The code this process runs: read when the process imports it, not when it saves a result (a long
+# sweep must not record the version of a tree that was edited after it started).
+_PROCESS_CODE = _describe_code()
+
+
+def _code_version() -> str:
+    return _PROCESS_CODE[0]
 
 
 def provenance(device: str, machine: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Code version (and, for a dirty tree, the hash of its diff), date, Python, the device, and
+    """Code version of this process (and, for a dirty tree, the hash of its diff, both read when the
+    process imported this module), date, Python, the device, and
     what `numerics.machine` says of the process that computed the run (its CPU and features,
     the kernel mode and choices in force, torch/oneDNN/MKL versions, threads): `machine`, or
     this process's own."""
     dev = device
     if device.startswith("cuda") and torch.cuda.is_available():
         dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    version = _code_version()
+    version, diff = _PROCESS_CODE
     out = {"code_version": version, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "python": platform.python_version(), "device": dev}
-    if version.endswith("-dirty"):
-        out["diff_sha1"] = numerics.tree_diff_hash(Path(__file__).resolve().parents[2])
+    if diff:
+        out["diff_sha1"] = diff
     return {**out, **(machine or numerics.machine(device))}
 
 
