@@ -128,19 +128,22 @@ def test_table1_means_std_and_best_beta(t1):
     assert prox["n"] == 1 and prox["collapsed"] == 1
 
 
-def test_table1_single_seed_has_nan_std_and_display():
+def test_table1_single_seed_has_no_interval_and_reads_well():
     one = make_runs({0.9: {k: v[:1] for k, v in ACC[0.9].items()}})
     t = tables.table1(one)
-    assert t["std"].isna().all()
-    shown = tables.table1_display(t).set_index("method")
-    assert shown.loc["FedSteer", "γ=0.9: ours"] == "0.600 (n=1)"
-    assert shown.loc["FedSteer", "γ=0.9: paper"] == "0.554"
-    assert shown.loc["FedVARP", "γ=0.9: paper"] == "—"
-    assert shown.loc["FedStale (best β)", "γ=0.9: ours"].endswith(", β=0.6")
+    assert t["std"].isna().all() and t["ci"].isna().all()
+    shown = tables.table1_reading(t).set_index("method")
+    assert list(shown.columns) == ["γ = 0.9: ours (n = 1)", "γ = 0.9: paper"]
+    assert shown.loc["FedSteer", "γ = 0.9: ours (n = 1)"] == "0.600"
+    assert shown.loc["FedSteer", "γ = 0.9: paper"] == "0.554"
+    assert shown.loc["FedVARP", "γ = 0.9: paper"] == "—"
+    assert shown.loc["FedStale (best β)", "γ = 0.9: ours (n = 1)"] == "0.500 (β = 0.6)"
     assert list(shown.index)[:2] == ["Full participation", "FedSteer"]
 
 
-def test_table1_display_counts_collapsed_runs_and_gives_the_others_mean():
+def test_table1_reading_gives_the_95_interval_and_counts_collapsed_runs():
+    from fedsteer_lib.book.stats import t_critical
+
     rows = [{"dataset": "fmnist", "gamma": 0.9, "seed": s, "label": "scaffold", "method": "scaffold",
              "final_accuracy": a, "collapsed": c} for s, (a, c) in enumerate([(0.1, True), (0.7, False), (0.8, False)])]
     runs = pd.DataFrame(rows)
@@ -148,9 +151,10 @@ def test_table1_display_counts_collapsed_runs_and_gives_the_others_mean():
         runs[k] = None
     t = tables.table1(runs)
     row = t.iloc[0]
-    assert row["mean"] == pytest.approx(1.6 / 3) and row["collapsed"] == 1 and row["mean_not_collapsed"] == pytest.approx(0.75)
-    cell = tables.table1_display(t).set_index("method").loc["SCAFFOLD", "γ=0.9: ours"]
-    assert cell == f"0.533 ± {np.std([0.1, 0.7, 0.8], ddof=1):.3f} (1 of 3 collapsed; the others 0.750)"
+    half = t_critical(2) * np.std([0.1, 0.7, 0.8], ddof=1) / np.sqrt(3)
+    assert row["mean"] == pytest.approx(1.6 / 3) and row["collapsed"] == 1 and row["ci"] == pytest.approx(half)
+    cell = tables.table1_reading(t).set_index("method").loc["SCAFFOLD", "γ = 0.9: ours (n = 3)"]
+    assert cell == f"0.533 ± {half:.3f}; 1 of 3 collapsed"
 
 
 def test_table1_rejects_two_labels_for_one_role(runs):
@@ -248,19 +252,6 @@ def test_paired_comparison(runs):
     # a seed missing on one side is not paired
     p1 = stats.paired_comparison(a[a["seed"] == 0], b, "default", "enforce=5")
     assert set(p1["n"]) == {1} and p1["s.e."].isna().all()
-
-
-def test_coreset_lambda_table():
-    rows = []
-    for k, lam, accs in [(10, 0.0, (0.4, 0.5)), (10, 0.5, (0.6, 0.6)), (40, 0.0, (0.7, 0.7)), (40, 0.5, (0.6, 0.6)),
-                         (80, 0.0, (0.5, 0.5)), (80, 0.5, (0.6, 0.6)), (160, 0.0, (0.3, 0.3)), (160, 0.5, (0.2, 0.2))]:
-        for seed, a in enumerate(accs):
-            spec = method("fedsteer", core_size=k, lam=lam, refresh_every=5)
-            rows.append({"dataset": "emnist", "gamma": 0.9, "seed": seed, "final_accuracy": a,
-                         "method": spec.name, "label": spec.label, **method_columns(spec)})
-    table = stats.coreset_lambda_table(pd.DataFrame(rows))
-    assert table.set_index(["core_size", "lam"]).loc[(10, 0.0), "mean"] == pytest.approx(0.45)
-    assert table.set_index(["core_size", "lam"]).loc[(160, 0.5), "n"] == 2
 
 
 # ------------------------------------------------------------------------------ claims
