@@ -14,8 +14,8 @@ simulator, split by what it does. Nothing outside this package imports it.
 | `provenance` | where the committed results come from: runtime and environment per run group, the tidy CSV of every run |
 | `prose` | the Markdown sentences built from the tables |
 | `plan` | which runs each chapter loads; which of the paper profile's runs are cached |
-| `clients`, `snapshots`, `aggregation`, `geometry`, `alignment` | the measurements of chapters 1-3 |
-| `selection`, `server_memory`, `variance`, `coordinates` | the measurements of chapters 4, 5, 8 (and 9's memory) |
+| `snapshots` | what chapters 1-3 share: client groups, snapshots of real updates, their exact span coordinates, a rule's moments over participation draws |
+| `server_memory`, `variance`, `coordinates` | the measurements of chapters 4, 5, 8 (and 9's memory) |
 | `conventions` | Table 1 under both baseline conventions, paired gains, the regime map and the calibrated cell |
 | `figures` | the figures, one module per kind of measurement |
 

@@ -40,8 +40,8 @@ from . import paper
 from .methods import roles
 from .stats import holm, mean_ci, one_sample_t_test
 
-__all__ = ["MIN_UNITS", "ALPHA", "COLUMNS", "Claim", "build", "row", "display", "best_baseline", "gains_by_seed",
-           "at_best_beta", "alignment_by_run", "write"]
+__all__ = ["MIN_UNITS", "ALPHA", "COLUMNS", "Claim", "build", "quote", "row", "display", "best_baseline",
+           "gains_by_seed", "at_best_beta", "alignment_by_run", "write"]
 
 MIN_UNITS = 5  # independent units (seeds, runs) a verdict needs; fewer: indicative only
 ALPHA = 0.05
@@ -284,16 +284,26 @@ def _probe_means(payloads, field: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def variance_claims(book) -> list[Claim]:
+def variance_claims(book, only: Sequence[str] | None = None) -> list[Claim]:
+    """The mechanism claims measured by probes during training. `only` (claim ids, for `quote`):
+    compute just those and the runs they need (variance-thm1 needs FedSteer's and FedVARP's)."""
+    want = set(only) if only is not None else {"alignment", "variance-thm1", "variance-term-thm2"}
     name = paper.DATASET_NAMES[book.dataset]
     out = []
-    align = alignment_by_run(_payloads(book, groups.alignment_grid(book.dataset, book.profile, seeds=book.seeds,
-                                                                    device=book.device)))
-    out.append(Claim("alignment", "mechanism", "The steered estimate Q_t s_i points closer to the true update than "
-                     "the stale h_i", "§2.2, Fig. 1", f"{name}, probe rounds during training", "closer (no number)",
-                     "02_corrective_projection", align, unit="runs",
-                     ours=f"{np.mean(align):+.3f} in cosine" if align else "—"))
-    probes = _payloads(book, groups.convergence_grid(book.dataset, book.profile, seeds=book.seeds, device=book.device))
+    if "alignment" in want:
+        align = alignment_by_run(_payloads(book, groups.alignment_grid(book.dataset, book.profile, seeds=book.seeds,
+                                                                        device=book.device)))
+        out.append(Claim("alignment", "mechanism", "The steered estimate Q_t s_i points closer to the true update than "
+                         "the stale h_i", "§2.2, Fig. 1", f"{name}, probe rounds during training", "closer (no number)",
+                         "02_corrective_projection", align, unit="runs",
+                         ours=f"{np.mean(align):+.3f} in cosine" if align else "—"))
+    if not want & {"variance-thm1", "variance-term-thm2"}:
+        return out
+    configs = groups.convergence_grid(book.dataset, book.profile, seeds=book.seeds, device=book.device)
+    if "variance-term-thm2" not in want:
+        configs = [c for c in configs if c.method.name == "fedvarp"
+                   or (c.method.name == "fedsteer" and c.method.get("refresh_every") == 1)]
+    probes = _payloads(book, configs)
     var = _probe_means(probes, "exact_variance")
     term = _probe_means(probes, "mse_to_mean")
     steer = lambda t: t[(t["name"] == "fedsteer") & (t["refresh"] == 1)]  # noqa: E731
@@ -406,6 +416,33 @@ _CHAPTER_NAMES = {"01_problem_formulation": "ch. 1", "02_corrective_projection":
                   "03_variance_minimization": "ch. 3", "04_core_set_selection": "ch. 4", "05_convergence": "ch. 5",
                   "06_main_results": "ch. 6", "07_ablations": "ch. 7", "08_coordinate_stability": "ch. 8",
                   "09_baseline_conventions": "appendix A", "10_reproduction_report": "ch. 9"}
+
+
+def quote(book, ids: Sequence[str]) -> pd.DataFrame:
+    """The rows `ids` exactly as `build(book)` has them, for a chapter that quotes its claims.
+
+    A row's Holm-adjusted p depends on every tested row of the family, so the whole ledger is built
+    when one of the rows asked for is tested (at least MIN_UNITS units) or is not a mechanism or
+    memory claim. Otherwise (e.g. one seed) no other row can change them: only their own claims
+    are computed, from the runs they need, so a chapter executed alone computes no other chapter's
+    runs."""
+    ids = list(ids)
+    mechanism = [i for i in ids if i in ("alignment", "variance-thm1", "variance-term-thm2")]
+    claims = variance_claims(book, only=mechanism) if mechanism else []
+    if "coordinates-stable" in ids:
+        claims += stability_claim(book)
+    if any(i.startswith("memory-") for i in ids):
+        from .methods import role
+
+        mains = [c for c in groups.paper_grid(book.dataset, book.profile, book.device)
+                 if role(c.method, c.dataset) in ("fedsteer", "fedvarp")]  # all the memory rows read
+        claims += memory_claims(book, at_best_beta(_role_table(book, mains)))
+    claims = [c for c in claims if c.id in ids]
+    if {c.id for c in claims} != set(ids) or any(c.exact is None and c.numbers()["n"] >= MIN_UNITS for c in claims):
+        rows = build(book)
+    else:
+        rows = _assemble(claims)
+    return rows.set_index("id").loc[ids].reset_index()
 
 
 def row(ledger: pd.DataFrame, claim_id: str) -> pd.Series:

@@ -1,14 +1,11 @@
 """Server memory (paper §8.2): the bytes of each method's server state, measured on meta tensors
-for any number of clients N and model size d and checked against §8.2's accounting (FedSteer's
-O(N k + k d) against O(N d)), and the memory measured at the end of finished runs next to
-FedVARP's.
+for any number of clients N and model size d, §8.2's accounting of them (FedSteer's O(N k + k d)
+against O(N d)), and the memory measured at the end of finished runs next to FedVARP's.
 
-Used by chapter 4 (memory against N, the "around 10 times" claim) and chapter 10 (the measured
-memory of the runs, the comparison with the paper).
+Used by the ledger (the memory claims), chapter 4 (memory against N) and chapter 10 (the runs'
+measured memory).
 """
 from __future__ import annotations
-
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -19,7 +16,7 @@ from ..experiments.registry import make_strategy
 from ..strategy import ServerContext
 from .methods import clean_label, display_name, method_specs
 
-__all__ = ["state_bytes", "memory_formula", "server_memory_table", "run_memory_table"]
+__all__ = ["state_bytes", "memory_formula", "run_memory_table"]
 
 
 def state_bytes(spec: MethodSpec, num_clients: int, dim: int, device: str | torch.device = "meta") -> int:
@@ -52,25 +49,6 @@ def memory_formula(name: str, num_clients: int, dim: int, k: int | None = None) 
     if name in ("fedavg", "fedavg_unbiased", "fedprox", "full"):
         return 0
     raise ValueError(f"no memory formula for method {name!r}")
-
-
-def server_memory_table(specs: Sequence[MethodSpec], num_clients: Iterable[int], dims: Mapping[str, int]) -> pd.DataFrame:
-    """Measured server-state bytes (meta tensors, see `state_bytes`) of each method for every
-    N in `num_clients` and every model size in `dims` ({name: d}); one row per combination,
-    with the §8.2 formula next to the measurement and the ratio to FedVARP's O(N d) memory."""
-    rows = []
-    for dim_name, d in dims.items():
-        for n in num_clients:
-            varp = state_bytes(MethodSpec("fedvarp"), n, d)
-            for spec in specs:
-                k = int(spec.get("core_size")) if spec.name == "fedsteer" else None
-                measured = state_bytes(spec, n, d)
-                label = {"fedsteer": f"FedSteer (|X|={k})", "fedvarp": "FedVARP", "fedstale": "FedStale",
-                         "mifa": "MIFA", "scaffold": "SCAFFOLD"}.get(spec.name, spec.label)
-                rows.append({"model": dim_name, "d": int(d), "N": int(n), "method": spec.name, "label": label,
-                             "k": k, "bytes": measured, "formula_bytes": memory_formula(spec.name, n, d, k),
-                             "MB": measured / 1e6, "fraction_of_fedvarp": measured / varp})
-    return pd.DataFrame(rows)
 
 
 def run_memory_table(runs: pd.DataFrame) -> pd.DataFrame:

@@ -1,39 +1,52 @@
-"""Snapshots of real client updates, short training trajectories, and exact low-dimensional
-coordinates of the updates.
+"""Real client updates as chapters 1-3 measure them: the four client groups, snapshots of every
+client's update at one model, exact low-dimensional coordinates of the updates, and an aggregation
+rule's moments over participation draws (the randomness of Theorem 1).
 
-- Snapshots: every client's update g_i = w - w_i^E at one model w (as in the warm-up of §2.4),
-  and pairs of snapshots a few FedAvg rounds apart (stale memory h_i and true update g_i).
-- Trajectories: a method run as the engine does for a few rounds, with its server state and
-  every client's true update at the reached model.
-- Exact low-dimensional coordinates: all server rules (Eq. 1-4, FedVARP, FedAvg) only combine
-  the given vectors with coefficients that depend on their inner products, so they give the
-  same results on any isometric copy of the vectors. `span_embedding` maps a few hundred
-  d-dimensional updates to coordinates in their span (d ~ 600,000 -> r <= a few hundred) with
-  the same Gram matrix; Monte-Carlo over participation draws then costs microseconds per draw.
+- Client groups: system group (weak p_i = 0.04 / powerful p_i = 0.16) x data group (common /
+  rare labels), paper §4.1.
+- Snapshots: every client's update g_i = w - w_i^E at one model w, as the warm-up of §2.4 takes it.
+- Exact low-dimensional coordinates: every server rule (Eq. 1-4, FedVARP, FedAvg) combines the
+  given vectors with coefficients that depend only on their inner products, so it gives the same
+  results on any isometric copy of them. `span_embedding` maps a few hundred d-dimensional updates
+  (d ~ 600,000) to coordinates in their span with the same Gram matrix; a participation draw then
+  costs microseconds, and `monte_carlo` can afford tens of thousands.
 
-Used by chapter 1 (a snapshot at the initial model), chapter 2 (a snapshot pair) and chapter 3
-(a FedSteer trajectory). Every vector is a row, as in `projection`.
+Every vector is a row, as in `projection`. What one chapter alone computes lives in its notebook.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
 
+import numpy as np
 import torch
 
-from ..experiments.config import MethodSpec, Training, method
 from ..simulator.engine import SimData, client_updates
-from ..simulator.partition import Federation, participation_schedule, rng
-from ..experiments.registry import make_strategy
+from ..simulator.partition import Federation, rng
+from ..experiments.config import Training
 from ..strategy import ServerContext, State, Strategy
 
-__all__ = ["SNAPSHOT_STREAM", "TRAJECTORY_STREAM", "torch_generator", "snapshot", "fedavg_rounds", "SnapshotPair",
-           "snapshot_pair", "Trajectory", "trajectory", "span_embedding", "server_context"]
+__all__ = ["GROUPS", "group_labels", "group_sums", "SNAPSHOT_STREAM", "TRAJECTORY_STREAM", "MC_STREAM",
+           "torch_generator", "snapshot", "span_embedding", "server_context", "participation_draws", "MonteCarlo",
+           "monte_carlo", "variance_contributions"]
 
-# Named random streams of the book's measurements (the engine's use 1-8; see partition.rng;
-# `aggregation.MC_STREAM` is 22).
-SNAPSHOT_STREAM, TRAJECTORY_STREAM = 20, 21
+GROUPS = ("weak/common", "weak/rare", "powerful/common", "powerful/rare")
+
+# Named random streams of the book's measurements (the engine's use 1-8; see partition.rng).
+SNAPSHOT_STREAM, TRAJECTORY_STREAM, MC_STREAM = 20, 21, 22
+
+
+def group_labels(federation: Federation) -> np.ndarray:
+    """Each client's group, one of GROUPS: system group '/' data group (paper §4.1)."""
+    weak, common = federation.is_weak.numpy(), federation.is_common.numpy()
+    return np.array([f"{'weak' if w else 'powerful'}/{'common' if c else 'rare'}" for w, c in zip(weak, common)])
+
+
+def group_sums(federation: Federation, values: np.ndarray | torch.Tensor) -> dict[str, float]:
+    """Per client group (GROUPS, in order), the sum of a per-client quantity (d_i, a rule's
+    expected coefficient, a client's term of Theorem 1, ...)."""
+    v = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values, dtype=float)
+    labels = group_labels(federation)
+    return {g: float(v[labels == g].sum()) for g in GROUPS}
 
 
 def torch_generator(seed: int, stream: int) -> torch.Generator:
@@ -41,129 +54,12 @@ def torch_generator(seed: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(rng(seed, stream).integers(2**62)))
 
 
-def snapshot(sim: SimData, training: Training, weights: torch.Tensor, seed: int,
-             clients: Sequence[int] | None = None) -> torch.Tensor:
-    """Every client's (or `clients`') update g_i = w - w_i^E after E local epochs from the
-    same model w (paper §2.1), as the warm-up of §2.4 collects it. Returns (m, d)."""
-    ids = list(range(sim.federation.num_clients)) if clients is None else list(clients)
+def snapshot(sim: SimData, training: Training, weights: torch.Tensor, seed: int) -> torch.Tensor:
+    """Every client's update g_i = w - w_i^E after E local epochs from the same model w (paper
+    §2.1), as the warm-up of §2.4 collects it. Returns (N, d)."""
+    ids = list(range(sim.federation.num_clients))
     updates, _, _ = client_updates(sim, training, weights, ids, torch_generator(seed, SNAPSHOT_STREAM))
     return updates
-
-
-def fedavg_rounds(sim: SimData, training: Training, rounds: int, seed: int, weights: torch.Tensor | None = None,
-                  method_name: str = "fedavg") -> tuple[torch.Tensor, torch.Tensor]:
-    """Train the global model for `rounds` rounds of a memoryless rule (default FedAvg, the
-    normalised mean of the active updates) with Bernoulli(p_i) participation (the run's
-    schedule for `seed`), starting from `weights` (default: the initial model).
-
-    Returns (the final weights (d,), the participation schedule (rounds, N)).
-    """
-    strategy = make_strategy(method(method_name))
-    w = (sim.initial_weights if weights is None else weights).clone()
-    ctx = server_context(sim.federation, w.shape[0], training.client_lr, seed, device=w.device)
-    probs = strategy.participation_probs(sim.federation.probs)
-    schedule = participation_schedule(probs, rounds, seed)
-    gen = torch_generator(seed, TRAJECTORY_STREAM)
-    for t in range(rounds):
-        ids = torch.nonzero(schedule[t]).flatten().tolist()
-        updates, _, _ = client_updates(sim, training, w, ids, gen)
-        delta = strategy.aggregate({}, ctx, torch.tensor(ids, dtype=torch.long, device=w.device), updates)
-        w = w - training.server_lr * delta
-    return w, schedule
-
-
-@dataclass
-class SnapshotPair:
-    """Two snapshots of all N clients' updates, `rounds` FedAvg rounds apart.
-
-    stale: (N, d) updates at w_0 (the initial model), playing the stale memory h_i.
-    true: (N, d) updates at w_t, the current updates g_i that the server would need.
-    """
-
-    stale: torch.Tensor
-    true: torch.Tensor
-    rounds: int
-    schedule: torch.Tensor
-
-
-def snapshot_pair(sim: SimData, training: Training, rounds: int, seed: int) -> SnapshotPair:
-    """Snapshot at the initial model w_0, `rounds` FedAvg rounds, snapshot at w_t."""
-    stale = snapshot(sim, training, sim.initial_weights, seed)
-    w_t, schedule = fedavg_rounds(sim, training, rounds, seed)
-    true = snapshot(sim, training, w_t, seed + 1)
-    return SnapshotPair(stale=stale, true=true, rounds=rounds, schedule=schedule)
-
-
-@dataclass
-class Trajectory:
-    """The server state of a method after a warm-up snapshot at w_0 and `rounds` training rounds,
-    with every client's true update at the reached model w_t.
-
-    memory: (N, d) the last update each client sent (h_i of §2.1; the warm-up snapshot for
-    clients not seen since). true: (N, d) the updates g_i at w_t. staleness: (N,) rounds since
-    h_i was computed (rounds + 1 for the warm-up snapshot, taken 'at round -1').
-    """
-
-    strategy: Strategy
-    state: State
-    ctx: ServerContext
-    memory: torch.Tensor
-    true: torch.Tensor
-    staleness: torch.Tensor
-    rounds: int
-
-    def embedded(self) -> tuple[State, torch.Tensor, torch.Tensor]:
-        """(state, memory, true) in exact span coordinates (`span_embedding` of memory, true
-        and, for FedSteer, the basis rows of Q_t); the state's tensors of dimension d are
-        replaced by their coordinates, everything else is shared."""
-        blocks = [self.memory, self.true]
-        has_basis = hasattr(self.state, "basis")
-        if has_basis:
-            blocks.append(self.state.basis)
-        emb = span_embedding(*blocks)
-        changes = {}
-        if has_basis:
-            changes["basis"] = emb[2]
-        if hasattr(self.state, "h"):
-            changes["h"] = emb[0].clone()
-        state = dataclasses.replace(self.state, **changes)
-        return state, emb[0], emb[1]
-
-    def context(self, dim: int) -> ServerContext:
-        """The same server context with another vector dimension (for embedded vectors)."""
-        c = self.ctx
-        return ServerContext(weights=c.weights, probs=c.probs, dim=dim, device=c.device, client_lr=c.client_lr, seed=c.seed)
-
-
-def trajectory(sim: SimData, training: Training, spec: MethodSpec, rounds: int, seed: int) -> Trajectory:
-    """Run a method as the engine does, with one warm-up selection cycle at the initial model
-    w_0 (paper §2.4; for FedSteer: core set and caches from that snapshot, for FedVARP/MIFA
-    with warm-up: memory from it), then `rounds` rounds with Bernoulli(p_i) participation (the
-    run's schedule for `seed`), then take every client's true update at the reached w_t."""
-    fed = sim.federation
-    strategy = make_strategy(spec)
-    w = sim.initial_weights.clone()
-    ctx = server_context(fed, w.shape[0], training.client_lr, seed, device=w.device,
-                         probs=strategy.participation_probs(fed.probs))
-    state = strategy.init_state(ctx)
-    warm = snapshot(sim, training, w, seed)
-    if strategy.warmup_cycles:
-        strategy.warmup_snapshot(state, ctx, warm, cycle=0, last=True)
-    memory = warm.clone()
-    last_seen = torch.full((fed.num_clients,), -1, dtype=torch.long)
-    schedule = participation_schedule(ctx.probs, rounds, seed)
-    gen = torch_generator(seed, TRAJECTORY_STREAM)
-    for t in range(rounds):
-        ids = torch.nonzero(schedule[t]).flatten().tolist()
-        updates, steps, _ = client_updates(sim, training, w, ids, gen, strategy, state)
-        active = torch.tensor(ids, dtype=torch.long, device=w.device)
-        w = w - training.server_lr * strategy.aggregate(state, ctx, active, updates)
-        strategy.update(state, ctx, active, updates, steps, t)
-        memory[active] = updates
-        last_seen[ids] = t
-    true = snapshot(sim, training, w, seed + 1)
-    return Trajectory(strategy=strategy, state=state, ctx=ctx, memory=memory, true=true,
-                      staleness=rounds - last_seen, rounds=rounds)
 
 
 def span_embedding(*blocks: torch.Tensor, chunk: int = 32768, rtol: float = 1e-12,
@@ -183,14 +79,12 @@ def span_embedding(*blocks: torch.Tensor, chunk: int = 32768, rtol: float = 1e-1
         raise ValueError(f"all blocks must have the same dimension, got {sorted(dims)}")
     d = dims.pop()
     sizes = [b.shape[0] for b in blocks]
-    m = sum(sizes)
-    gram = torch.zeros(m, m, dtype=torch.float64)
+    gram = torch.zeros(sum(sizes), sum(sizes), dtype=torch.float64)
     for start in range(0, d, chunk):
         x = torch.cat([b[:, start:start + chunk].detach().cpu().double() for b in blocks])
         gram += x @ x.T
     evals, evecs = torch.linalg.eigh(gram)
-    top = float(evals.max()) if m else 0.0
-    keep = evals > rtol * max(top, 1e-300)
+    keep = evals > rtol * max(float(evals.max()), 1e-300)
     coords = (evecs[:, keep] * evals[keep].sqrt()).to(dtype)
     return list(torch.split(coords, sizes))
 
@@ -201,3 +95,70 @@ def server_context(federation: Federation, dim: int, client_lr: float = 0.05, se
     p = federation.probs if probs is None else probs
     return ServerContext(weights=federation.weights.float().to(device), probs=p.float().to(device), dim=dim,
                          device=torch.device(device), client_lr=client_lr, seed=seed)
+
+
+def participation_draws(probs: torch.Tensor, draws: int, seed: int) -> np.ndarray:
+    """Bool (draws, N): independent Bernoulli(p_i) participation sets (§2.1), stream MC_STREAM."""
+    return rng(seed, MC_STREAM).random((draws, probs.shape[0])) < probs.double().cpu().numpy()[None, :]
+
+
+@dataclass
+class MonteCarlo:
+    """Moments of an aggregate Delta over independent participation draws, the updates fixed
+    (the randomness of Theorem 1); target = sum_i d_i g_i.
+
+    variance: E||Delta - E Delta||^2 (sample estimate), variance_se its standard error.
+    bias_norm: ||mean(Delta) - target||; noise_norm = sqrt(variance / draws), the size it has
+    from Monte-Carlo noise alone when the rule is unbiased. mse: E||Delta - target||^2.
+    errors: ||Delta - target|| per draw.
+    """
+
+    draws: int
+    variance: float
+    variance_se: float
+    bias_norm: float
+    noise_norm: float
+    target_norm: float
+    mse: float
+    errors: np.ndarray
+
+    @property
+    def relative_bias(self) -> float:
+        """bias_norm / ||sum_i d_i g_i||."""
+        return self.bias_norm / self.target_norm
+
+    @property
+    def relative_noise(self) -> float:
+        """noise_norm / ||sum_i d_i g_i||."""
+        return self.noise_norm / self.target_norm
+
+
+def monte_carlo(strategy: Strategy, state: State, ctx: ServerContext, updates: torch.Tensor, draws: int,
+                seed: int = 0) -> MonteCarlo:
+    """`strategy.aggregate` (pure) on `draws` participation sets (`participation_draws` of
+    ctx.probs), the true updates `updates` (N, r) fixed. Exact and cheap on `span_embedding`
+    coordinates."""
+    if draws < 2:
+        raise ValueError(f"draws must be >= 2, got {draws}")
+    masks = participation_draws(ctx.probs, draws, seed)
+    target = (ctx.weights.double() @ updates.double()).cpu()
+    out = torch.empty(draws, updates.shape[1], dtype=torch.float64)
+    for j in range(draws):
+        active = torch.from_numpy(np.nonzero(masks[j])[0]).to(updates.device)
+        out[j] = strategy.aggregate(state, ctx, active, updates[active]).double().cpu()
+    mean = out.mean(0)
+    centred = ((out - mean) ** 2).sum(1)
+    variance = float(centred.sum()) / (draws - 1)
+    errors = torch.linalg.vector_norm(out - target, dim=1)
+    return MonteCarlo(draws=draws, variance=variance, variance_se=float(centred.std()) / np.sqrt(draws),
+                      bias_norm=float((mean - target).norm()), noise_norm=float(np.sqrt(variance / draws)),
+                      target_norm=float(target.norm()), mse=float((errors**2).mean()), errors=errors.numpy())
+
+
+def variance_contributions(grads: torch.Tensor, estimates: torch.Tensor, weights: torch.Tensor,
+                           probs: torch.Tensor) -> torch.Tensor:
+    """Theorem 1's closed form client by client, d_i^2 (1 - p_i) / p_i ||g_i - g_hat_i||^2 (N,),
+    in float64; their sum is `projection.update_variance`."""
+    residual_sq = torch.linalg.vector_norm((grads - estimates).double(), dim=1) ** 2
+    w, p = weights.double().cpu(), probs.double().cpu()
+    return w**2 * (1 - p) / p * residual_sq.cpu()
