@@ -31,7 +31,8 @@ help:
 	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
 	@echo "                (SEEDS=0,1 renders from those seeds only, e.g. while a sweep is still running)"
 	@echo "make test       set up, then unit tests, nbval over every notebook, book build and browser check"
-	@echo "make lab        JupyterLab on notebooks/"
+	@echo "make lab        JupyterLab on notebooks/, opened on reading copies of the executed chapters"
+	@echo "                (as-in-the-book/: numbers, citations and links as the book shows them)"
 	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
 	@echo "make doctor     one line per prerequisite (ok / missing) with the command that fixes it"
 
@@ -110,15 +111,23 @@ test: setup system-packages
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
 		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 
-lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+# JupyterLab on notebooks/ (the chapters to edit and rerun), opened on reading copies of the
+# book's executed chapters in notebooks/as-in-the-book/ (fedsteer_lib/book/lab.py): there the
+# glued numbers, citations and cross-references read as in the book. JupyterLab refuses to run as
+# root unless told, so --allow-root is passed then (and only then). tests/test_lab.py runs this line.
+LAB_COPIES := notebooks/as-in-the-book
+LAB_ARGS   := $(if $(filter 0,$(shell id -u)),--allow-root) --ServerApp.root_dir=notebooks \
+	--LabApp.default_url=/lab/tree/as-in-the-book
+lab: setup $(CHAPTERS)
+	$(PY) -m fedsteer_lib.book.lab $(LAB_COPIES) $(CHAPTERS)
+	$(VENV)/bin/jupyter lab $(LAB_ARGS)
 
 reproduce: setup
 	$(PY) -m fedsteer_lib sweep --profile paper --dataset fmnist --what all --workers $(WORKERS)
 	$(MAKE) --no-print-directory book
 
 clean:
-	rm -rf _build book/chapters
+	rm -rf _build book/chapters $(LAB_COPIES)
 
 # For a session lent a GPU (bench/gpu_session.sh): the data travels with the working tree.
 gpu-data: $(FMNIST_STAMP)
