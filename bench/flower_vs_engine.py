@@ -1,179 +1,230 @@
-"""The same FedSteer workload in our engine and in Flower's simulation, side by side.
+"""One small FedSteer workload three ways: our engine, Flower's simulation and a Flower deployment
+on 127.0.0.1 (both driven by `flwr run` on examples/flower_app, as a practitioner runs them).
 
-    OMP_NUM_THREADS=1 python bench/flower_vs_engine.py [--rounds 20] [--clients 100] [--out PATH]
+    python bench/flower_vs_engine.py --out data/results/bench/flower_vs_engine.json
 
-FedSteer as in the paper on Fashion-MNIST (|X| = 40, lambda = 0.5, 5 warm-up cycles), the paper's
-participation (100 clients, p_i in {0.04, 0.16}), the tuned local training, batch_stream =
-"per_client" so that both compute the same model. Each side runs in its own child process (one
-invocation of this script starts both, one after the other), and the parent samples the RSS of
-that child's whole process tree (Ray's processes included) every 0.1 s. Printed, per side and
-as Flower / engine ratios:
+The workload: Fashion-MNIST, `--clients` clients holding the engine's partition (the paper's two
+label groups, gamma = 0.5, `--points` points per client), each participating with probability
+`--prob` in every training round; the paper's Fashion-MNIST CNN (the app's `Net` is the same
+architecture, seeded alike); E = 1 epoch of SGD (batch 32, lr 0.05); FedSteer with |X| = 2,
+lambda = 0.5, `--warmup` warm-up rounds then `--rounds` training rounds. The Flower runs train on
+the engine's partitions, exported as the app's partition files; their draws are their own (the
+same p_i), so their models differ from the engine's; the equivalence is measured separately.
 
-- wall time: the child's whole run (data loading, Ray start-up, warm-up, rounds);
-- training-phase time: in the engine the time in `client_updates` (all local training, warm-up
-  included; not the warm-up's core-set selection); in Flower the time the server waits on the
-  clients' training replies (grid.send_and_receive of TRAIN messages, warm-up included), i.e.
-  local training plus Flower's messaging;
-- peak RSS of the process tree;
-- the max abs difference of the two final models.
+Measured (wall time, seconds):
+- engine: `engine.run` in this process, data preparation included (and apart);
+- Flower simulation: a simulation SuperLink, then `flwr run` with `--clients` simulated nodes
+  (Ray): the `flwr run` process from submission to the end of the run (FAB build, ServerApp
+  process, Ray start, every round), the rounds themselves (`strategy.start`, from the ServerApp's
+  log) and, apart, the SuperLink's start-up;
+- Flower deployment: a SuperLink and `--clients` SuperNodes (every message starts a ClientApp
+  process on its node), the same `flwr run` and the same split, the SuperLink's and SuperNodes'
+  start-up apart.
+Equivalence (Flower's in-process simulation, `fedsteer_lib.flower.replay`): FedSteer with the
+engine's draws replayed against the engine, round by round, and our FedAvg against Flower's FedAvg
+under full participation (same replies).
 
-The engine evaluates only at rounds 0 and T (Flower not at all). JSON goes to `--out` only.
+The JSON goes to --out; the table that book/flower.md includes goes next to it (same name, .md),
+rendered from the JSON by `render`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
+import platform
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+APP = ROOT / "examples" / "flower_app"
 
 
-def workload(clients: int, rounds: int, warmup_cycles: int):
-    from dataclasses import replace
+def workload(args: argparse.Namespace):
+    from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
 
-    from fedsteer_lib.experiments.config import TUNED, FLSystem, RunConfig, method
+    return RunConfig(method=method("fedsteer", core_size=2, lam=0.5, warmup_cycles=args.warmup),
+                     system=FLSystem(num_clients=args.clients, gamma=0.5, weak_prob=args.prob,
+                                     powerful_prob=args.prob, points_scale=args.points // 2),
+                     training=Training(rounds=args.rounds, local_epochs=1, batch_size=32, client_lr=0.05,
+                                       eval_every=args.rounds, eval_last=1),
+                     seed=0, batch_stream="per_client")
 
-    training = replace(TUNED["fmnist"], rounds=rounds, eval_every=rounds, eval_last=1)
-    return RunConfig(method=method("fedsteer", core_size=min(40, clients), lam=0.5, warmup_cycles=warmup_cycles),
-                     system=FLSystem(num_clients=clients), training=training, seed=0, batch_stream="per_client")
+
+def run_config(config, partitions: Path, out: Path) -> dict:
+    """The app's run config for the same workload."""
+    tr, steer = config.training, config.method
+    return {"method": "fedsteer", "num-server-rounds": steer.get("warmup_cycles") + tr.rounds,
+            "warmup-rounds": steer.get("warmup_cycles"), "core-size": steer.get("core_size"), "lam": steer.get("lam"),
+            "fraction-train": config.system.powerful_prob, "min-train-nodes": 0,
+            "min-available-nodes": config.system.num_clients, "server-lr": tr.server_lr, "seed": config.seed,
+            "local-epochs": tr.local_epochs, "batch-size": tr.batch_size, "lr": tr.client_lr, "samples-per-node": 0,
+            "partitions-dir": str(partitions), "central-eval": False, "out-dir": str(out)}
 
 
-def run_engine(config, model_path: str) -> dict:
+def export_partitions(sim, folder: Path) -> None:
+    """The engine's client data as the app's partition files (raw uint8 images, labels)."""
     import torch
 
+    from fedsteer_lib.simulator.data import load_dataset
+
+    splits = load_dataset("fmnist")
+    folder.mkdir(parents=True, exist_ok=True)
+    n = sim.federation.num_clients
+    for i, ix in enumerate(sim.federation.client_indices):
+        torch.save({"images": splits.train_images[ix].clone(), "labels": splits.train_labels[ix].long().clone()},
+                   folder / f"partition-{i}-of-{n}.pt")
+
+
+def engine_side(config) -> tuple[dict, list]:
     from fedsteer_lib.simulator import engine
 
-    final, trained = {}, {"s": 0.0}
-    real_round, real_updates = engine._round, engine.client_updates
+    models, real_round = [], engine._round
 
-    def keep_last(*args, **kwargs):
-        final["w"] = real_round(*args, **kwargs)
-        return final["w"]
+    def recording(*a, **kw):
+        w = real_round(*a, **kw)
+        models.append(w.clone())
+        return w
 
-    def timed_updates(*args, **kwargs):  # local training only (the warm-up's timing also holds the selection)
-        start = time.perf_counter()
-        out = real_updates(*args, **kwargs)
-        trained["s"] += time.perf_counter() - start
-        return out
-
-    engine._round, engine.client_updates = keep_last, timed_updates
     start = time.perf_counter()
-    engine.run(config, progress=False)
-    wall = time.perf_counter() - start
-    torch.save(final["w"], model_path)
-    return {"wall_s": wall, "training_s": trained["s"]}
+    sim = engine.prepare(config)
+    prepared = time.perf_counter()
+    engine._round = recording
+    try:
+        engine.run(config, progress=False, sim=sim)
+    finally:
+        engine._round = real_round
+    end = time.perf_counter()
+    return {"wall_s": end - start, "rounds_s": end - prepared, "prepare_s": prepared - start}, models, sim
 
 
-def run_flower(config, model_path: str, cpus: int) -> dict:
-    import torch
-    from flwr.app import Context, MessageType
-    from flwr.serverapp import ServerApp
+def equivalence(config, sim, engine_models: list) -> dict:
+    """Flower's in-process simulation: FedSteer with the engine's draws against the engine, and
+    our FedAvg against Flower's FedAvg (full participation, the same client)."""
+    from flwr.app import ArrayRecord, Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
     from flwr.simulation import run_simulation
 
-    from fedsteer_lib.flower import FlowerStrategy, client_app
+    import fedsteer_lib.flower as fl
+    from fedsteer_lib.flower import replay
+    from fedsteer_lib.flower.records import Layout
 
-    strategy = FlowerStrategy(config)
-    waited = {"s": 0.0}
-
-    class TimedGrid:  # the real grid, timing the waits on training replies
-        def __init__(self, grid):
-            self.grid = grid
-
-        def __getattr__(self, name):
-            return getattr(self.grid, name)
-
-        def send_and_receive(self, messages, **kw):
-            messages = list(messages)
-            start = time.perf_counter()
-            replies = list(self.grid.send_and_receive(messages, **kw))
-            if messages and messages[0].metadata.message_type == MessageType.TRAIN:
-                waited["s"] += time.perf_counter() - start
-            return replies
-
+    steer = replay.replay_strategy(config, sim.federation, fraction_evaluate=0.0)
+    models: dict[int, object] = {}
+    finals: dict[str, ArrayRecord] = {}
+    initial = replay.initial_arrays(config)
+    rounds = steer.warmup_rounds + config.training.rounds
     app = ServerApp()
 
     @app.main()
-    def main(grid, context: Context) -> None:
-        strategy.run(TimedGrid(grid))
+    def main(grid: Grid, context: Context) -> None:
+        steer.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
+                    evaluate_fn=lambda r, a: models.__setitem__(r, Layout.of(a).flat(a)))
+        for name, strategy in (("ours", fl.FedAvg(fraction_evaluate=0.0, min_train_nodes=0)),
+                               ("flowers", FlowerFedAvg(fraction_evaluate=0.0))):
+            finals[name] = strategy.start(grid=grid, initial_arrays=initial, num_rounds=3).arrays
 
-    start = time.perf_counter()
-    run_simulation(server_app=app, client_app=client_app(config), num_supernodes=config.system.num_clients,
+    run_simulation(server_app=app, client_app=replay.engine_client_app(config), num_supernodes=config.system.num_clients,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": cpus, "include_dashboard": False}})
-    wall = time.perf_counter() - start
-    torch.save(strategy.weights, model_path)
-    return {"wall_s": wall, "training_s": waited["s"]}
+                                   "init_args": {"num_cpus": 2, "include_dashboard": False}})
+    per_round = [float((models[steer.warmup_rounds + t + 1] - w).abs().max()) for t, w in enumerate(engine_models)]
+    fedavg = float((Layout.of(finals["ours"]).flat(finals["ours"]) - Layout.of(finals["flowers"]).flat(finals["flowers"]))
+                   .abs().max())
+    return {"fedsteer_vs_engine_max_abs_diff_per_round": per_round, "fedavg_vs_flower_fedavg_max_abs_diff": fedavg,
+            "fedavg_rounds": 3}
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc] + proc.children(recursive=True):
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
+def strategy_seconds(log: str) -> float:
+    found = re.findall(r"Strategy execution finished in ([0-9.]+)s", log)
+    if not found:
+        raise RuntimeError(f"the run did not finish:\n{log[-3000:]}")
+    return float(found[-1])
 
 
-def measure(side: str, args: argparse.Namespace, tmp: Path) -> dict:
-    """Run one side in a child process; its numbers plus the peak RSS of its process tree."""
-    report = tmp / f"{side}.json"
-    cmd = [sys.executable, __file__, "--side", side, "--clients", str(args.clients), "--rounds", str(args.rounds),
-           "--warmup-cycles", str(args.warmup_cycles), "--flower-cpus", str(args.flower_cpus), "--tmp", str(tmp)]
-    log = tmp / f"{side}.log"
-    with log.open("w") as sink:
-        child = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
-        proc, peak = psutil.Process(child.pid), 0
-        while child.poll() is None:
-            peak = max(peak, tree_rss(proc))
-            time.sleep(0.1)
-    if child.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-30:])
-        raise RuntimeError(f"the {side} side failed (exit {child.returncode}):\n{tail}")
-    return {**json.loads(report.read_text()), "peak_rss_mb": peak / 2**20}
+def flower_side(config, folder: Path, simulation: bool) -> dict:
+    from fedsteer_lib.flower.launch import LocalFederation
+
+    name = "simulation" if simulation else "deployment"
+    start = time.perf_counter()
+    with LocalFederation(folder / name, config.system.num_clients, simulation=simulation) as fed:
+        up = time.perf_counter()
+        code = fed.run(APP, run_config(config, folder / "partitions", folder / name / "out"), timeout=1800)
+        end = time.perf_counter()
+        log = fed.log()
+    if code != 0 or not (folder / name / "out" / "summary.json").exists():
+        raise RuntimeError(f"flwr run ({name}) failed with code {code}:\n{log[-3000:]}")
+    return {"wall_s": end - up, "rounds_s": strategy_seconds(log), "startup_s": up - start}
+
+
+def render(data: dict) -> str:
+    """The book's table (markdown) from the bench's JSON."""
+    w, eq = data["workload"], data["equivalence"]
+    rows = [("our engine (one process)", data["engine"]["wall_s"], data["engine"]["rounds_s"], None),
+            ("Flower simulation (`flwr run`, Ray)", data["simulation"]["wall_s"], data["simulation"]["rounds_s"],
+             data["simulation"]["startup_s"]),
+            ("Flower deployment (`flwr run`, SuperLink + SuperNodes on 127.0.0.1)", data["deployment"]["wall_s"],
+             data["deployment"]["rounds_s"], data["deployment"]["startup_s"])]
+    lines = ["| run | wall time (s) | of which the rounds (s) | start-up before the run (s) |",
+             "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {name} | {wall:.1f} | {rounds:.1f} | {'–' if up is None else f'{up:.1f}'} |"
+              for name, wall, rounds, up in rows]
+    lines += ["", f"FedSteer (|X| = {w['core_size']}, λ = {w['lam']}) on {w['clients']} Fashion-MNIST clients of "
+              f"{w['points_per_client']} points each, p = {w['prob']}, {w['warmup_rounds']} warm-up + "
+              f"{w['training_rounds']} training rounds, one epoch of SGD per round; measured on "
+              f"{data['machine']['cpus']} CPU cores ({data['machine']['cpu']}), load average "
+              f"{data['machine']['load_before']:.1f} before the runs, {data['machine']['date']}. "
+              f"With the engine's draws replayed, Flower's simulation ends every round with the engine's model "
+              f"(max abs difference {max(eq['fedsteer_vs_engine_max_abs_diff_per_round']):.3g} over "
+              f"{len(eq['fedsteer_vs_engine_max_abs_diff_per_round'])} rounds); our FedAvg and Flower's FedAvg end "
+              f"{eq['fedavg_rounds']} full-participation rounds {eq['fedavg_vs_flower_fedavg_max_abs_diff']:.2g} apart."]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--warmup-cycles", type=int, default=5)
-    parser.add_argument("--flower-cpus", type=int, default=1, help="CPUs Ray may use (one client actor per CPU)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON here (nothing is written without it)")
-    parser.add_argument("--side", choices=("engine", "flower"), help=argparse.SUPPRESS)
-    parser.add_argument("--tmp", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--points", type=int, default=200, help="points per client")
+    parser.add_argument("--prob", type=float, default=0.5, help="every client's participation probability")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4, help="training rounds (after the warm-up)")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON (and the .md table) here")
     args = parser.parse_args()
-    config = workload(args.clients, args.rounds, args.warmup_cycles)
-    if args.side:  # a child: run one side, leave its numbers and final model in --tmp
-        model = str(args.tmp / f"{args.side}.pt")
-        numbers = run_engine(config, model) if args.side == "engine" else run_flower(config, model, args.flower_cpus)
-        (args.tmp / f"{args.side}.json").write_text(json.dumps(numbers))
-        return
 
+    import fedsteer_lib  # noqa: F401  (the kernel mode, before torch computes)
+
+    config = workload(args)
+    load = os.getloadavg()[0]
+    engine, engine_models, sim = engine_side(config)
+    print(f"engine: {engine}", flush=True)
+    eq = equivalence(config, sim, engine_models)
+    print(f"equivalence: {eq}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_partitions(sim, Path(tmp) / "partitions")
+        simulation = flower_side(config, Path(tmp), simulation=True)
+        print(f"simulation: {simulation}", flush=True)
+        deployment = flower_side(config, Path(tmp), simulation=False)
+        print(f"deployment: {deployment}", flush=True)
     import torch
 
-    with tempfile.TemporaryDirectory() as tmp:
-        sides = {side: measure(side, args, Path(tmp)) for side in ("engine", "flower")}
-        diff = float((torch.load(Path(tmp) / "engine.pt") - torch.load(Path(tmp) / "flower.pt")).abs().max())
-    ratios = {k: sides["flower"][k] / sides["engine"][k] for k in ("wall_s", "training_s", "peak_rss_mb")}
-    out = {"workload": {"clients": args.clients, "rounds": args.rounds, "warmup_cycles": args.warmup_cycles,
-                        "method": config.method.label, "flower_cpus": args.flower_cpus, "config_key": config.key()},
-           **sides, "ratio_flower_over_engine": ratios, "final_model_max_abs_diff": diff}
-    for side in ("engine", "flower"):
-        s = sides[side]
-        print(f"{side:7s} wall {s['wall_s']:7.1f} s   training {s['training_s']:7.1f} s   peak RSS {s['peak_rss_mb']:7.0f} MB")
-    print("Flower / engine: wall {wall_s:.2f}x, training {training_s:.2f}x, peak RSS {peak_rss_mb:.2f}x".format(**ratios))
-    print(f"final models: max abs difference {diff:.3g}")
+    data = {"workload": {"clients": args.clients, "points_per_client": args.points, "prob": args.prob,
+                         "warmup_rounds": args.warmup, "training_rounds": args.rounds, "core_size": 2, "lam": 0.5,
+                         "config_key": config.key()},
+            "engine": engine, "simulation": simulation, "deployment": deployment, "equivalence": eq,
+            "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                        "load_before": load, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}}
+    from fedsteer_lib import numerics
+
+    data["machine"]["cpu"] = numerics.cpu_model()
+    print(render(data))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(render(data))
 
 
 if __name__ == "__main__":

@@ -253,17 +253,17 @@ def test_bad_batch_stream_is_named():
 def test_per_client_stream_is_deterministic_and_ignores_the_other_clients(sim):
     """A client's update under the per_client stream depends on (seed, round, client) only:
     training it alone, after other clients, or in another order gives the same bits."""
-    from fedsteer_lib.simulator.engine import _BATCHES, client_generator, client_updates
+    from fedsteer_lib.simulator.engine import STREAM_BATCHES, client_generator, client_updates
 
     cfg = _config("fedavg")
     w = sim.initial_weights
-    gen = lambda i: client_generator(cfg.seed, _BATCHES, 3, i)  # noqa: E731
+    gen = lambda i: client_generator(cfg.seed, STREAM_BATCHES, 3, i)  # noqa: E731
     together, _, _ = client_updates(sim, cfg.training, w, [2, 5, 7], gen)
     reordered, _, _ = client_updates(sim, cfg.training, w, [7, 2, 5], gen)
     alone, _, _ = client_updates(sim, cfg.training, w, [5], gen)
     assert torch.equal(together[1], alone[0])
     assert torch.equal(together[0], reordered[1]) and torch.equal(together[2], reordered[0])
-    other_round, _, _ = client_updates(sim, cfg.training, w, [5], lambda i: client_generator(cfg.seed, _BATCHES, 4, i))
+    other_round, _, _ = client_updates(sim, cfg.training, w, [5], lambda i: client_generator(cfg.seed, STREAM_BATCHES, 4, i))
     assert not torch.equal(alone[0], other_round[0])
     sim.client_batch = 2  # the vectorised path draws each client's batches from its own generator too
     try:

@@ -30,10 +30,13 @@ if TYPE_CHECKING:  # the engine only reads a run's settings; the experiments bui
     from ..experiments.config import RunConfig
 
 __all__ = ["SimData", "prepare", "run", "RunResult", "client_updates", "client_generator", "warmup_updates",
-           "WARMUP_REUSE_BYTES"]
+           "WARMUP_REUSE_BYTES", "STREAM_BATCHES", "STREAM_WARMUP", "STREAM_PROBE", "STREAM_FORCED"]
 
-# Named torch random streams (see partition.rng for the numpy ones).
-_BATCHES, _WARMUP, _PROBE, _FORCED = 6, 7, 8, 9
+# Named torch random streams (see partition.rng for the numpy ones), one per purpose of local
+# training: the training rounds' minibatches, the warm-up cycles', the probes' and the forced
+# clients' (`Strategy.forced_clients`). Public: a client that trains alone (a Flower client,
+# `fedsteer_lib.flower.replay`) draws the engine's minibatches with `client_generator(seed, stream, ...)`.
+STREAM_BATCHES, STREAM_WARMUP, STREAM_PROBE, STREAM_FORCED = 6, 7, 8, 9
 
 
 def _torch_gen(seed: int, stream: int) -> torch.Generator:
@@ -42,9 +45,9 @@ def _torch_gen(seed: int, stream: int) -> torch.Generator:
 
 def client_generator(seed: int, stream: int, round_idx: int, client: int) -> torch.Generator:
     """The "per_client" batch stream (`RunConfig.batch_stream`): client `client`'s own torch
-    generator for round (or warm-up cycle) `round_idx` of the named `stream` (_BATCHES,
-    _WARMUP, _PROBE, _FORCED), seeded from numpy's SeedSequence of (seed, stream, round_idx,
-    client). It depends on nothing else, so a client training alone (a Flower client) draws
+    generator for round (or warm-up cycle) `round_idx` of the named `stream` (STREAM_BATCHES,
+    STREAM_WARMUP, STREAM_PROBE, STREAM_FORCED), seeded from numpy's SeedSequence of (seed,
+    stream, round_idx, client). It depends on nothing else, so a client training alone (a Flower client) draws
     the same minibatches as the engine, whichever other clients train in that round."""
     words = np.random.SeedSequence([seed, stream, round_idx, client]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed((int(words[0]) << 30) ^ int(words[1]))
@@ -179,11 +182,11 @@ def warmup_updates(sim: SimData, config: RunConfig, cycles: int, progress: bool 
     num_clients = sim.federation.num_clients
 
     def compute() -> Iterator[torch.Tensor]:
-        shared = _torch_gen(config.seed, _WARMUP)
+        shared = _torch_gen(config.seed, STREAM_WARMUP)
         weights = sim.initial_weights.clone()
         client_weights = sim.federation.weights.float().to(weights.device)
         for cycle in tqdm(range(cycles), desc="warm-up", disable=not progress, leave=False):
-            grads, _, _ = client_updates(sim, tr, weights, list(range(num_clients)), _stream(config, shared, _WARMUP, cycle))
+            grads, _, _ = client_updates(sim, tr, weights, list(range(num_clients)), _stream(config, shared, STREAM_WARMUP, cycle))
             yield grads
             weights = weights - tr.server_lr * (client_weights @ grads)
 
@@ -242,8 +245,8 @@ def _run(config: RunConfig, *, progress: bool, sim: SimData | None, data_root: s
         rec.timing["warmup"], reused = _warmup(sim, config, strategy, state, ctx, progress)
     eff_probs = strategy.participation_probs(sim.federation.probs)  # float64, as drawn
     schedule = participation_schedule(eff_probs, tr.rounds, config.seed)
-    streams = {"batches": _torch_gen(config.seed, _BATCHES), "probe": _torch_gen(config.seed, _PROBE),
-               "forced": _torch_gen(config.seed, _FORCED), "probe_draws": rng(config.seed, _PROBE)}
+    streams = {"batches": _torch_gen(config.seed, STREAM_BATCHES), "probe": _torch_gen(config.seed, STREAM_PROBE),
+               "forced": _torch_gen(config.seed, STREAM_FORCED), "probe_draws": rng(config.seed, STREAM_PROBE)}
     weights = sim.initial_weights.clone()
     with rec.phase("eval"):
         acc, loss = evaluate(sim.flat_model, weights, sim.eval_images, sim.eval_labels)
@@ -274,13 +277,13 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
     tr, diag = config.training, config.diagnostics
     rec.participation.append(active_ids)
     with rec.phase("client"):
-        updates, steps, losses = client_updates(sim, tr, weights, active_ids, _stream(config, streams["batches"], _BATCHES, t),
+        updates, steps, losses = client_updates(sim, tr, weights, active_ids, _stream(config, streams["batches"], STREAM_BATCHES, t),
                                                 strategy, state)
     active = torch.tensor(active_ids, dtype=torch.long, device=ctx.device)
     if diag.probe_every and t % diag.probe_every == 0:
         with rec.phase("probe"):
             true, _, _ = client_updates(sim, tr, weights, list(range(ctx.num_clients)),
-                                        _stream(config, streams["probe"], _PROBE, t), strategy, state)
+                                        _stream(config, streams["probe"], STREAM_PROBE, t), strategy, state)
             rec.probes.extend(probe_rows(true, strategy, state, ctx, t, rec.last_seen, rec.memory,
                                          diag.probe_mc_samples, streams["probe_draws"].random))
     with rec.phase("server"):
@@ -304,7 +307,7 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
     forced = sorted(set(strategy.forced_clients(state, ctx, t)) - set(active_ids))
     if forced:  # updates at w_t that the strategy observes but never aggregates
         with rec.phase("forced"):
-            extra, _, _ = client_updates(sim, tr, weights, forced, _stream(config, streams["forced"], _FORCED, t), strategy, state)
+            extra, _, _ = client_updates(sim, tr, weights, forced, _stream(config, streams["forced"], STREAM_FORCED, t), strategy, state)
             strategy.observe(state, ctx, torch.tensor(forced, dtype=torch.long, device=ctx.device), extra, t)
     row = {"round": t + 1, "num_active": len(active_ids), "accuracy": float("nan"), "loss": float("nan"),
            "train_loss": float(np.mean(losses)) if losses else float("nan"), "update_norm": float(delta.norm())}
