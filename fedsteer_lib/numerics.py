@@ -24,8 +24,24 @@ per-run part (threads, oneDNN) around every run of the engine. The kernels are n
 run's key: pinned and native runs of a config are the same run computed two ways, and the
 result's provenance says which (`machine`).
 
-The other numerical choice, a run's precision (float32, or bfloat16 autocast), belongs to the
-run's config and key, not to the process: see `RunConfig.precision`.
+The other numerical choice, a run's **precision**, belongs to the run's config (and to its key
+when it is not fp32: a bf16 run is another run, never mixed with fp32 ones), not to the process:
+
+- ``fp32`` (the default): everything in float32, with the process's kernels as above.
+- ``bf16``: client training (forward and backward) and evaluation under bfloat16 autocast
+  (`autocast`), on CPU and CUDA; the model weights, the updates g_i, the server state and every
+  server computation (Eq. 3/4, the core-set search) stay float32. A bf16 CPU run always has
+  oneDNN on, even in a pinned process: oneDNN is the only library torch routes bfloat16
+  matmuls and convolutions to that uses the CPU's bfloat16 units (AMX, AVX512-BF16); without it
+  they fall back to torch's generic loops, slower than float32 on every CPU. Its bits therefore
+  depend on the CPU, so it is never "pinned": its provenance says ``kernels: bf16``, and
+  `verify` never requires it to come back bit for bit. The rest of the process's mode still
+  applies to it (a pinned process: ATen at AVX2, MKL's strict AVX2 branch for the float32
+  server computations, one thread per run; native: the caller's threads). On a CPU without
+  bfloat16 units (AVX2 only: no ``avx512_bf16`` or ``amx_bf16`` in `cpu_flags`) bf16 is
+  emulated and much slower than fp32 (data/results/bench/precision.json measures both): use
+  it on CPUs with AMX or on GPUs. `kernels_for_run(device, precision)` is the one place that
+  sets all this.
 
 Standard library only at import, so that it can run before torch is imported.
 """
@@ -40,10 +56,14 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["KERNELS", "ENV_VAR", "PINNED_ENV", "NumericsError", "select_kernels", "kernels", "check_kernels",
-           "kernels_for_run", "machine", "cpu_model", "cpu_flags", "tree_diff_hash"]
+__all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "NumericsError", "select_kernels",
+           "kernels", "check_kernels", "check_precision", "kernels_for_run", "run_kernels", "autocast",
+           "has_bf16_units", "machine", "cpu_model", "cpu_flags", "tree_diff_hash"]
 
 KERNELS = ("pinned", "native")
+PRECISIONS = ("fp32", "bf16")  # a run's precision (`RunConfig.precision`)
+BF16_KERNELS = "bf16"  # what a bf16 CPU run's provenance says instead of its process's mode (never "pinned")
+BF16_UNITS = ("avx512_bf16", "amx_bf16")  # CPU features that compute bfloat16 natively
 ENV_VAR = "FEDSTEER_KERNELS"
 # What the pinned mode sets; each one alone changes a run's bits (see the module docstring).
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
@@ -106,27 +126,78 @@ def check_kernels(device: str = "cpu") -> None:
         raise NumericsError(f"pinned kernels asked for, but {changed} were changed after fedsteer_lib pinned them")
 
 
+def check_precision(precision: str, device: str = "cpu") -> None:
+    """Raise NumericsError when `precision` is not one of PRECISIONS, or is bf16 on a GPU
+    without bfloat16 (before Ampere)."""
+    if precision not in PRECISIONS:
+        raise NumericsError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    if precision == "bf16" and str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            raise NumericsError(f"precision bf16 asked for on {device}, whose GPU has no bfloat16 support; "
+                                "use precision fp32")
+
+
+def _is_cpu(device: str) -> bool:
+    return str(device).startswith("cpu")
+
+
+def run_kernels(device: str = "cpu", precision: str = "fp32") -> str:
+    """The kernels one run computes with, as its provenance names them: the process's mode
+    (`kernels`) for fp32 and GPU runs, BF16_KERNELS for a bf16 CPU run (oneDNN on whatever the
+    mode: CPU-dependent bits, see the module docstring)."""
+    return BF16_KERNELS if precision == "bf16" and _is_cpu(device) else kernels()
+
+
+def has_bf16_units() -> bool:
+    """Whether this CPU computes bfloat16 natively (AMX or AVX512-BF16); without, bf16 is emulated."""
+    return any(f in cpu_flags() for f in BF16_UNITS)
+
+
 @contextlib.contextmanager
-def kernels_for_run(device: str = "cpu") -> Iterator[None]:
-    """The kernels of one run, for its duration: for a pinned CPU run, checked (`check_kernels`),
-    one intra-op thread, oneDNN and NNPACK off (torch's own convolutions: im2col and MKL's GEMM),
-    all restored after; for a native or GPU run, the caller's settings."""
+def kernels_for_run(device: str = "cpu", precision: str = "fp32") -> Iterator[None]:
+    """The kernels of one run, for its duration, all restored after. The process's mode is
+    checked first (`check_kernels`), then, on a CPU:
+
+    | process | fp32 run | bf16 run |
+    | --- | --- | --- |
+    | pinned | one thread, oneDNN and NNPACK off | one thread, oneDNN on, NNPACK off |
+    | native | the caller's settings | the caller's threads, oneDNN on |
+
+    A GPU run keeps the caller's settings (its precision is `autocast`'s business)."""
     import torch
 
     check_kernels(device)
-    if kernels() != "pinned" or not str(device).startswith("cpu"):
+    check_precision(precision, device)
+    pinned = kernels() == "pinned"
+    if not _is_cpu(device) or (not pinned and precision == "fp32"):
         yield
         return
     before = (torch.get_num_threads(), torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled())
-    torch.set_num_threads(1)
-    torch.backends.mkldnn.enabled = False
-    torch._C._set_nnpack_enabled(False)
+    if pinned:
+        torch.set_num_threads(1)
+        torch._C._set_nnpack_enabled(False)
+    torch.backends.mkldnn.enabled = precision == "bf16"  # bf16's units are reached through oneDNN only
     try:
         yield
     finally:
         torch.set_num_threads(before[0])
         torch.backends.mkldnn.enabled = before[1]
         torch._C._set_nnpack_enabled(before[2])
+
+
+def autocast(precision: str, device: str = "cpu") -> contextlib.AbstractContextManager:
+    """The arithmetic of client training and evaluation at `precision`: nothing for fp32;
+    for bf16, ``torch.autocast`` on the device's type with dtype bfloat16 (matmuls and
+    convolutions in bfloat16, losses and reductions in float32, the weights float32). Wrap
+    the forward pass and the loss; the backward pass follows the forward's dtypes."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    check_precision(precision, device)
+    import torch
+
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -159,15 +230,17 @@ def _library_versions() -> dict[str, str | None]:
             "mkl_version": mkl.group(1) if mkl else None}
 
 
-def machine(device: str = "cpu") -> dict[str, Any]:
+def machine(device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
     """What a result's provenance records of the process that computed it: the CPU and the
-    features that decide its kernels, the kernel mode and the choices in force (ATen's CPU
-    capability, oneDNN on or off and its ISA limit, MKL's instruction branch; "default" where
-    nothing limits them), the library versions and the intra-op thread count. Called inside
-    `kernels_for_run`, it describes the run's own settings."""
+    features that decide its kernels, the kernels of the run (`run_kernels`: the process's mode,
+    or "bf16" for a bf16 CPU run) and the choices in force (ATen's CPU capability, oneDNN on or
+    off and its ISA limit, MKL's instruction branch; "default" where nothing limits them), the
+    library versions and the intra-op thread count; a bf16 run also records its precision.
+    Called inside `kernels_for_run`, it describes the run's own settings."""
     import torch
 
-    return {"kernels": kernels(), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
+    extra = {} if precision == "fp32" else {"precision": precision, "process_kernels": kernels()}
+    return {"kernels": run_kernels(device, precision), **extra, "cpu": cpu_model(), "cpu_flags": cpu_flags(),
             "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "onednn": ("on, max ISA " + (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
                                          or "default") if torch.backends.mkldnn.enabled else "off"),

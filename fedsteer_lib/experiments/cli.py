@@ -1,4 +1,4 @@
-"""Command line: `python -m fedsteer_lib {doctor,system-packages,data,tune,sweep,status,verify}`.
+"""Command line: `python -m fedsteer_lib {doctor,system-packages,data,tune,sweep,status,verify,run}`.
 
     python -m fedsteer_lib doctor                       # every prerequisite: ok / missing, and the fix
     python -m fedsteer_lib system-packages              # install the Debian packages the project uses (root)
@@ -9,18 +9,24 @@
                                  [--executor ray --address auto --gpus-per-run 0.25]
     python -m fedsteer_lib status --profile paper       # how much of a sweep is cached
     python -m fedsteer_lib verify --sample 5            # recompute stored runs, say what changed
+    python -m fedsteer_lib run --method fedsteer [--core-size 40 --lam 0.5 ...] [--gamma 0.7 --seed 3]
+                               [--precision bf16]       # one run at settings of your own, cached like a sweep's
 
 Runs use pinned kernels (bit-identical on any x86-64 CPU with AVX2) unless `--kernels native`
-or FEDSTEER_KERNELS=native says otherwise (`fedsteer_lib.numerics`).
+or FEDSTEER_KERNELS=native says otherwise (`fedsteer_lib.numerics`). `--precision bf16` trains
+and evaluates under bfloat16 autocast: other runs than the fp32 ones (their own keys), fast on
+CPUs with AMX and on GPUs, emulated and slower on CPUs without bfloat16 units.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 
 from .. import numerics
-from .config import DATASET_DEFAULTS, PROFILES
+from .config import BATCH_STREAMS, DATASET_DEFAULTS, PROFILES, FLSystem, Training
 from .groups import GROUP_SETS
 
 
@@ -44,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--client-batch", type=int, default=1, metavar="N",
                            help="train up to N clients of a round at once (vectorised; for GPUs, slower on a CPU; default 1)")
         p.add_argument("--results", default=None, help="results directory (default data/results)")
+        if name != "verify":
+            p.add_argument("--precision", choices=numerics.PRECISIONS, default=None,
+                           help="every run of the selection at this precision (default: as the groups define it, "
+                                "fp32 but for the precision_parity group); bf16 runs are other runs, with their own keys")
         if name == "sweep":
             p.add_argument("--executor", choices=("local", "ray"), default="local",
                            help="local: a process pool on this machine (default); ray: one Ray task per run")
@@ -67,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--replace-unpinned", action="store_true",
                            help="write the recomputed (pinned) result in place of a stored run computed without "
                                 "pinned kernels; only those runs of the selection are recomputed")
+    _add_run_parser(sub)
     args = parser.parse_args(argv)
-    if getattr(args, "kernels", None) is not None or args.command in ("tune", "sweep", "verify"):
+    if getattr(args, "kernels", None) is not None or args.command in ("tune", "sweep", "verify", "run"):
         numerics.select_kernels(args.kernels)  # before anything computes in this process
     if getattr(args, "sample", None) is not None and args.sample < 1:
         parser.error(f"--sample must be an integer >= 1, got {args.sample}")
@@ -118,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     from .results import RESULTS_DIR, layout_problems, results_root
     from .sweep import complete_seeds, missing, run_grid
 
-    if args.command in ("tune", "sweep"):  # fail before any work, with the message that says how to get the data
+    if args.command == "run":  # every setting checked before the data is even looked at
+        config = _run_config(args, parser)
+    if args.command in ("tune", "sweep", "run"):  # fail before any work, with the message that says how to get the data
         split = DATASET_DEFAULTS[args.dataset].get("split", "balanced")
         found = dataset_status(args.dataset, split)
         if found.status == "corrupt":
@@ -131,11 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             print(err, file=sys.stderr)
             return 1
 
+    if args.command == "run":
+        return _run_one(config, Path(args.results) if args.results else results_root("paper"))
     if args.command == "tune":
         root = args.results or RESULTS_DIR
         from .tuning import select, tuning_configs, tuning_table
 
-        configs = [c.replace(client_batch=args.client_batch) for c in tuning_configs(args.dataset, device=args.device)]
+        configs = [c.replace(client_batch=args.client_batch, **_precision(args))
+                   for c in tuning_configs(args.dataset, device=args.device)]
         run_grid(configs, root, workers=args.workers, desc="tuning (FedAvg, validation split)")
         table = tuning_table(configs, root)
         print(table.to_string(index=False))
@@ -144,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(args.results) if args.results else results_root(args.profile)
     groups = run_groups(args.dataset, args.profile, args.device, args.what, root=root)
+    if getattr(args, "precision", None):
+        groups = {name: [c.replace(precision=args.precision) for c in configs] for name, configs in groups.items()}
     # Layout problems first, one line each, before anything is read or computed.
     problems = layout_problems([c for configs in groups.values() for c in configs], root)
     for problem in problems.values():
@@ -179,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seeds complete in every group: {seeds_arg or 'none'}{hint}")
         if pending:
             set_of = {name: key for key, build in GROUP_SETS.items()
-                      for name in build(args.dataset, args.profile, args.device)}
+                      for name in build(args.dataset, args.profile, args.device, root)}
             commands = "; ".join(f"python -m fedsteer_lib sweep --profile {args.profile} --what {w} --workers 2"
                                  for w in dict.fromkeys(set_of[n] for n in pending))
             print(f"in progress: {', '.join(pending)} (compute with: {commands})")
@@ -197,6 +215,170 @@ def main(argv: list[str] | None = None) -> int:
               f"(named above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _precision(args) -> dict:
+    return {"precision": args.precision} if getattr(args, "precision", None) else {}
+
+
+# ------------------------------------------------------------------------------------- run
+# The `run` command's options come from where the settings are defined: one per method parameter
+# of the registry, one per field of FLSystem and Training. Values are read as numbers where they
+# look like numbers and checked by the config's own validation, so a bad value gets the same
+# one-line message as in a sweep (the field, what it must be, what it got).
+_RUN_FIXED = {"dataset", "method", "seed", "device", "kernels", "precision", "client_batch", "results",
+              "batch_stream"}
+
+
+def _method_parameters() -> dict[str, tuple[object, list[str], str]]:
+    """{parameter: (its default in its first method, the methods that have it with their defaults,
+    what it allows)}."""
+    from .registry import METHODS
+
+    out: dict[str, tuple[object, list[str], str]] = {}
+    for name, info in METHODS.items():
+        for key, param in info.params.items():
+            default, owners, allowed = out.get(key, (param.default, [], param.allowed))
+            out[key] = (default, owners + [f"{name} (default {param.default})"], allowed)
+    return out
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _value(text: str) -> object:
+    """A number where the text is one (int, else float), else the text itself."""
+    if re.fullmatch(r"[+-]?\d+", text.strip()):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _like(value: object, default: object) -> object:
+    """`value` in the type of the setting's default where that loses nothing (1 for a float
+    setting is 1.0, so `--lam 1` and `--lam 1.0` name the same run)."""
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _add_run_parser(sub) -> None:
+    from .registry import METHODS
+
+    p = sub.add_parser("run", help="one run at settings of your own (every method parameter of the registry), "
+                                   "computed into the results cache like a sweep run; cached runs are not recomputed",
+                       description="One run at settings of your own. Defaults: the paper profile's Table 1 setting "
+                                   "(the tuned training settings, 150 rounds, gamma 0.9, seed 0, the data set's |X| and "
+                                   "lambda for FedSteer), so `run --method fedavg` is Table 1's run (already cached).")
+    p.add_argument("--dataset", choices=sorted(DATASET_DEFAULTS), default="fmnist")
+    p.add_argument("--method", choices=list(METHODS), required=True)
+    group = p.add_argument_group("method parameters (from the registry; each belongs to the methods named)")
+    for key, (default, owners, allowed) in _method_parameters().items():
+        group.add_argument(_option(key), dest=f"param_{key}", type=_value, default=None, metavar="V",
+                           help=f"{allowed}; a parameter of {', '.join(owners)}")
+    for cls, title, defaults in ((FLSystem, "the federation", FLSystem()), (Training, "training (defaults: the tuned "
+                                 "settings of the data set and the paper profile's rounds and evaluation)", None)):
+        group = p.add_argument_group(title)
+        for f in dataclasses.fields(cls):
+            shown = f" (default {getattr(defaults, f.name)})" if defaults is not None else ""
+            group.add_argument(_option(f.name), dest=f"{cls.__name__}_{f.name}", type=_value, default=None, metavar="V",
+                               help=f"{f.name}{shown}")
+    p.add_argument("--seed", type=_value, default=0)
+    p.add_argument("--batch-stream", default="shared", help=f"one of {list(BATCH_STREAMS)} (default shared)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--client-batch", type=int, default=1, metavar="N",
+                   help="train up to N clients of a round at once (vectorised; for GPUs; default 1)")
+    p.add_argument("--precision", choices=numerics.PRECISIONS, default="fp32",
+                   help="fp32 (default) or bf16: bfloat16 autocast for local training and evaluation (another run, "
+                        "with its own key); fast with AMX or on a GPU, emulated and slower on CPUs without bf16 units")
+    p.add_argument("--kernels", choices=numerics.KERNELS, default=None,
+                   help="pinned (default, or $FEDSTEER_KERNELS) or native (`fedsteer_lib.numerics`)")
+    p.add_argument("--results", default=None, help="results directory (default data/results)")
+
+
+def _run_config(args, parser):
+    """The `run` command's RunConfig, validated; a bad setting is `parser.error` with the
+    config's own message, before anything is loaded or computed."""
+    from .config import TUNED, ConfigError, RunConfig, get_profile, method
+
+    prof = get_profile("paper")
+    params_given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
+    known = _method_parameters()
+    params = {k: _like(v, known[k][0]) for k, v in params_given.items()}
+    if args.method == "fedsteer":  # the data set's |X| and lambda, as in every group of the book
+        dd = DATASET_DEFAULTS[args.dataset]
+        params = {"core_size": dd["core_size"], "lam": dd["lam"], **params}
+    system = {f.name: _like(getattr(args, f"FLSystem_{f.name}"), f.default) for f in dataclasses.fields(FLSystem)
+              if getattr(args, f"FLSystem_{f.name}") is not None}
+    base = dataclasses.replace(TUNED[args.dataset], rounds=prof.rounds, eval_every=prof.eval_every,
+                               eval_last=prof.eval_last)
+    training = {f.name: _like(getattr(args, f"Training_{f.name}"), getattr(base, f.name))
+                for f in dataclasses.fields(Training) if getattr(args, f"Training_{f.name}") is not None}
+    try:
+        spec = method(args.method, **params)
+        config = RunConfig(dataset=args.dataset, method=spec, system=dataclasses.replace(FLSystem(), **system),
+                           training=dataclasses.replace(base, **training), seed=args.seed, device=args.device,
+                           client_batch=args.client_batch, batch_stream=args.batch_stream, precision=args.precision,
+                           emnist_split=DATASET_DEFAULTS[args.dataset].get("split", "balanced")).validate()
+    except ConfigError as err:
+        parser.error(str(err))
+    return config
+
+
+def _run_one(config, root) -> int:
+    """Compute one run into the cache `root` (through `sweep.run_grid`: its lock, the layout
+    checks) unless it is there, then print its one-screen summary."""
+    from .results import has_run, layout_problems, load_run, run_path
+    from .sweep import run_grid
+
+    problems = layout_problems([config], root)
+    for problem in problems.values():
+        print(f"cache problem: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    if has_run(config, root):
+        outcome = "already in the cache: nothing computed"
+    else:
+        print(f"computing run {config.key()} ({config.method.label}, {numerics.run_kernels(config.device, config.precision)} "
+              f"kernels, {config.precision}) into {run_path(config, root)}", flush=True)
+        computed = run_grid([config], root, workers=1, progress=False, run_progress=True, desc=config.method.label)
+        outcome = "computed now" if computed else "computed meanwhile by another process: nothing computed here"
+    print(run_summary(config, load_run(config, root), outcome, run_path(config, root)))
+    return 0
+
+
+def run_summary(config, payload: dict, outcome: str, path) -> str:
+    """The `run` command's one screen: what was run, where its result is, final accuracy,
+    collapse, server memory and time per phase."""
+    from .registry import display_name
+
+    s, prov = payload["summary"], payload.get("provenance", {})
+    params = ", ".join(f"{k}={v}" for k, v in payload["config"]["method"].items() if k != "name")
+    sys_, tr = config.system, config.training
+    split = f"validation split of {sys_.validation_size}" if sys_.validation_size else "test set"
+    collapsed = (f"yes, at round {s['collapse_round']} (accuracy before the collapse "
+                 f"{s.get('accuracy_before_collapse'):.4f})" if s["collapsed"] else "no")
+    timing = s.get("timing", {})
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(timing.items(), key=lambda kv: -kv[1]) if v > 0)
+    mem = s["server_memory_bytes"]
+    return "\n".join([
+        f"run {config.key()}: {display_name(config.method.name)} ({params or 'no parameters'})",
+        f"  {config.dataset}, N = {sys_.num_clients}, gamma = {sys_.gamma}, seed {config.seed}, {tr.rounds} rounds of "
+        f"{tr.local_epochs} local epochs (batch {tr.batch_size}, client lr {tr.client_lr}, server lr {tr.server_lr}), "
+        f"precision {config.precision}",
+        f"  result: {path} ({outcome})",
+        f"  final accuracy ({split}): {s['final_accuracy']:.4f}; mean of the last {tr.eval_last} evaluations "
+        f"{s['mean_last_accuracy']:.4f}",
+        f"  collapsed: {collapsed}",
+        f"  server memory: {mem / 2**20:.1f} MiB ({mem:,} bytes)",
+        f"  time: {s['wall_time']:.1f} s wall; per phase: {phases or 'not recorded'}",
+        f"  computed on: {prov.get('device', '?')}, {prov.get('cpu', 'CPU not recorded')}, "
+        f"{prov.get('kernels', 'native (before pinning existed)')} kernels, {prov.get('threads', '?')} thread(s), "
+        f"code {prov.get('code_version', '?')}",
+    ])
 
 
 def _verify(args, groups, root, parser) -> int:

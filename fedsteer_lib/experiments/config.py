@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..numerics import PRECISIONS
 from ..simulator.settings import ConfigError, Diagnostics, FLSystem, Training, check, is_int
 from ..strategy import Strategy
 from .registry import METHODS as REGISTRY
@@ -27,7 +28,7 @@ from .registry import METHODS as REGISTRY
 __all__ = [
     "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHODS", "PROFILES",
     "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile", "LATE_DEFAULTS",
-    "framework_methods", "regime_methods", "BATCH_STREAMS", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
+    "framework_methods", "regime_methods", "BATCH_STREAMS", "PRECISIONS", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
 ]
 
 
@@ -110,6 +111,11 @@ class RunConfig:
     # in the round. "per_client": every (seed, purpose, round, client) gets its own generator
     # (`engine.client_generator`), so a client can train alone, as in Flower (fedsteer_lib.flower).
     batch_stream: str = "shared"
+    # The arithmetic of client training and evaluation (`numerics`): "fp32", or "bf16" (bfloat16
+    # autocast; weights, updates and the server stay float32). Part of the result, left out of
+    # the key at its default "fp32" (every earlier result keeps its name); a bf16 run is another
+    # run, with another key, never mixed with fp32 ones.
+    precision: str = "fp32"
 
     def validate(self) -> "RunConfig":
         check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
@@ -117,6 +123,7 @@ class RunConfig:
                self.client_batch)
         check(is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
         check(self.batch_stream in BATCH_STREAMS, "batch_stream", f"one of {list(BATCH_STREAMS)}", self.batch_stream)
+        check(self.precision in PRECISIONS, "precision", f"one of {list(PRECISIONS)}", self.precision)
         self.system.validate()
         self.training.validate()
         self.diagnostics.validate()
@@ -131,6 +138,8 @@ class RunConfig:
             d.pop("client_batch")
             if d["batch_stream"] == "shared":  # added later: at its default, earlier configs and keys stand
                 d.pop("batch_stream")
+            if d["precision"] == "fp32":  # the same: fp32 runs keep their keys, bf16 ones get their own
+                d.pop("precision")
         return d
 
     def key(self) -> str:

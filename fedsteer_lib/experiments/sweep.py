@@ -93,10 +93,11 @@ def run_lock(config: RunConfig, root: str | os.PathLike | None = None, *, wait: 
 COMPUTED, CACHED, BUSY = "computed", "cached", "busy"  # what `_run_and_save` did with a run
 
 
-def _run_and_save(args: tuple[RunConfig, str | None, int, bool]) -> tuple[str, str]:
+def _run_and_save(args: tuple) -> tuple[str, str]:
     """(key, outcome): COMPUTED, CACHED (finished meanwhile by another sweep or a notebook
-    sharing the cache) or BUSY (another live sweep holds its lock and `wait` is False)."""
-    config, root, threads, wait = args
+    sharing the cache) or BUSY (another live sweep holds its lock and `wait` is False).
+    `args`: (config, root, threads, wait[, the run's own progress bar])."""
+    config, root, threads, wait, *bar = args
     with run_lock(config, root, wait=wait) as held:
         if not held:
             return config.key(), BUSY
@@ -106,7 +107,7 @@ def _run_and_save(args: tuple[RunConfig, str | None, int, bool]) -> tuple[str, s
         global _SIM
         if _SIM is None or not same_data(_SIM.config, config):
             _SIM = prepare(config)
-        result = run(config, progress=False, sim=_SIM)
+        result = run(config, progress=bool(bar and bar[0]), sim=_SIM)
         save_run(result, config, root)
     return config.key(), COMPUTED
 
@@ -120,7 +121,7 @@ def same_data(a: RunConfig, b: RunConfig) -> bool:
 
 def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None, *, workers: int = 1,
              progress: bool = True, desc: str = "runs", executor: str = "local", address: str | None = None,
-             gpus_per_run: float = 0.0) -> int:
+             gpus_per_run: float = 0.0, run_progress: bool = False) -> int:
     """Compute every config whose result is missing; returns how many were computed.
 
     executor "local": workers > 1 runs that many processes, each with its share of the CPU
@@ -132,7 +133,8 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
     dataset, seed and gamma stay the same. Before anything is computed, the cache's layout is
     checked (`results.layout_problems`): CacheLayoutError names every problem. A run that
     another sweep is computing (its lock is held) is left to it and looked at again at the end:
-    cached by then, or computed here if that sweep died.
+    cached by then, or computed here if that sweep died. `run_progress` (one local worker only):
+    each run shows its own progress bar over its rounds (the `run` command's).
     """
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
@@ -162,7 +164,7 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
         elif workers == 1:
             for c in batch:
                 bar.set_postfix_str(f"{c.method.label} gamma={c.system.gamma} seed={c.seed}")
-                key, outcome = _run_and_save((c, root_s, torch.get_num_threads(), wait))
+                key, outcome = _run_and_save((c, root_s, torch.get_num_threads(), wait, run_progress))
                 outcomes[key] = outcome
                 bar.update(outcome != BUSY)
         else:

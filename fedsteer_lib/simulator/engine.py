@@ -78,6 +78,7 @@ class SimData:
     eval_labels: torch.Tensor
     num_classes: int
     client_batch: int = 1  # > 1: train up to this many clients at once (`local_train_batch`)
+    precision: str = "fp32"  # the arithmetic of local training and evaluation (`RunConfig.precision`), set per run
     warmup: tuple | None = None  # the latest warm-up snapshots, for the next run (`warmup_updates`)
 
 
@@ -126,10 +127,11 @@ def client_updates(sim: SimData, training: Training, weights: torch.Tensor, clie
     returns (updates (m, d), steps (m,), losses). `generator` draws the minibatch orders: one
     generator shared by the clients in turn, or a function giving client i its own.
     With `sim.client_batch` > 1 (and a model without BatchNorm) the clients are trained in
-    vectorised groups of that size: the same minibatches, equal up to floating-point rounding."""
+    vectorised groups of that size: the same minibatches, equal up to floating-point rounding.
+    Training runs at `sim.precision` (fp32, or bf16 autocast; the updates are float32 either way)."""
     tr = training
     gen = (lambda i: generator) if isinstance(generator, torch.Generator) else generator
-    kw = dict(epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.client_lr)
+    kw = dict(epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.client_lr, precision=sim.precision)
 
     def spec(i: int) -> LocalSpec | None:  # made when needed: SCAFFOLD's holds a d-sized correction
         return strategy.local_spec(state, i) if strategy is not None else None
@@ -174,9 +176,11 @@ def warmup_updates(sim: SimData, config: RunConfig, cycles: int, progress: bool 
     from w^(0) = the initial model. They depend on the data, the training settings and the seed, never
     on the strategy (which only reads them), so runs that share `sim` and those settings get the same
     tensors, computed once, as long as all T0 fit in `WARMUP_REUSE_BYTES` (otherwise each is computed
-    when iterated and freed after). Returns (the snapshots in cycle order, whether they were reused)."""
+    when iterated and freed after), at the config's precision. Returns (the snapshots in cycle order,
+    whether they were reused)."""
     tr = config.training
-    key = (tr, cycles, config.batch_stream, sim.client_batch, torch.get_num_threads())
+    sim.precision = config.precision
+    key = (tr, cycles, config.batch_stream, sim.client_batch, torch.get_num_threads(), config.precision)
     if sim.warmup is not None and sim.warmup[0] == key:
         return sim.warmup[1], True
     num_clients = sim.federation.num_clients
@@ -223,15 +227,17 @@ def server_setup(config: RunConfig, sim: SimData) -> tuple[Strategy, ServerConte
 
 def run(config: RunConfig, *, progress: bool = True, sim: SimData | None = None, data_root: str | None = None) -> RunResult:
     """Simulate one FL training run and return its history and summary, with the kernels of
-    this process's mode (`numerics`: pinned kernels and one thread by default, checked first)."""
+    this process's mode and the run's precision (`numerics.kernels_for_run`: pinned kernels and
+    one thread by default, checked first; a bf16 run on a CPU with oneDNN on)."""
     config.validate()
-    with numerics.kernels_for_run(config.device):
+    with numerics.kernels_for_run(config.device, config.precision):
         return _run(config, progress=progress, sim=sim, data_root=data_root)
 
 
 def _run(config: RunConfig, *, progress: bool, sim: SimData | None, data_root: str | None) -> RunResult:
     sim = sim if sim is not None and _data_key(sim.config) == _data_key(config) else prepare(config, data_root)
     sim.client_batch = config.client_batch
+    sim.precision = config.precision
     if config.client_batch > 1 and not can_batch(sim.flat_model):
         warnings.warn(f"client_batch={config.client_batch} ignored: the {config.dataset} model has BatchNorm, "
                       "its clients are trained one by one", stacklevel=2)
@@ -249,7 +255,7 @@ def _run(config: RunConfig, *, progress: bool, sim: SimData | None, data_root: s
                "forced": _torch_gen(config.seed, STREAM_FORCED), "probe_draws": rng(config.seed, STREAM_PROBE)}
     weights = sim.initial_weights.clone()
     with rec.phase("eval"):
-        acc, loss = evaluate(sim.flat_model, weights, sim.eval_images, sim.eval_labels)
+        acc, loss = evaluate(sim.flat_model, weights, sim.eval_images, sim.eval_labels, precision=sim.precision)
     rec.history.append({"round": 0, "num_active": 0, "accuracy": acc, "loss": loss, "train_loss": float("nan"),
                         "update_norm": 0.0})
     collapse_round = None
@@ -267,7 +273,7 @@ def _run(config: RunConfig, *, progress: bool, sim: SimData | None, data_root: s
     if strategy.warmup_cycles:
         summary["warmup_reused"] = reused  # its snapshots came from the previous run on `sim`
     return RunResult(config=config.to_dict(), history=rec.history, summary=summary, extras=rec.extras(state),
-                     machine=numerics.machine(config.device))
+                     machine=numerics.machine(config.device, config.precision))
 
 
 def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, config: RunConfig, strategy: Strategy,
@@ -301,7 +307,7 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
                "update_norm": float(delta.norm()), "collapsed": True}
         with rec.phase("eval"):
             row["accuracy"], row["loss"] = evaluate(sim.flat_model, weights - tr.server_lr * delta,
-                                                    sim.eval_images, sim.eval_labels)
+                                                    sim.eval_images, sim.eval_labels, precision=sim.precision)
         rec.history.append(row)
         return None
     forced = sorted(set(strategy.forced_clients(state, ctx, t)) - set(active_ids))
@@ -313,6 +319,7 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
            "train_loss": float(np.mean(losses)) if losses else float("nan"), "update_norm": float(delta.norm())}
     if (t + 1) % tr.eval_every == 0 or t + 1 > tr.rounds - tr.eval_last:
         with rec.phase("eval"):
-            row["accuracy"], row["loss"] = evaluate(sim.flat_model, new_weights, sim.eval_images, sim.eval_labels)
+            row["accuracy"], row["loss"] = evaluate(sim.flat_model, new_weights, sim.eval_images, sim.eval_labels,
+                                                    precision=sim.precision)
     rec.round_done(state, active, active_ids, updates, row)
     return new_weights

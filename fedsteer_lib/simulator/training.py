@@ -5,6 +5,11 @@ The whole model state that the server aggregates is one flat float32 vector w of
 (parameters, then floating-point buffers such as BatchNorm running statistics). A client
 update is the pseudo-gradient g_i = w_t - w_i^E. One persistent model object is reused for
 every client; weights are copied in and out of it, inputs and weights use `channels_last`.
+
+`precision` (a run's `RunConfig.precision`): "fp32", or "bf16", where each forward pass and its
+loss run under bfloat16 autocast (`numerics.autocast`) and the backward pass follows it; the
+weights, their gradients, the SGD steps and the update g_i stay float32, so the server sees
+float32 updates whatever the precision.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .. import numerics
 from ..strategy import LocalSpec
 
 __all__ = ["FlatModel", "LocalSpec", "ClientResult", "local_train", "local_train_batch", "can_batch", "evaluate"]
@@ -69,11 +75,13 @@ def local_train(
     lr: float,
     generator: torch.Generator,
     spec: LocalSpec | None = None,
+    precision: str = "fp32",
 ) -> ClientResult:
     """Run E epochs of minibatch SGD from w_t on one client's data; return g_i = w_t - w_i^E.
 
     `images` are float32 (n, C, H, W) already normalised and on the model's device;
     the minibatch order is drawn from `generator` (on the CPU), so a seed fixes it.
+    `precision` "bf16": the forward pass and the loss under bfloat16 autocast (see the module docstring).
     """
     spec = spec or LocalSpec()
     model = flat_model.model
@@ -84,13 +92,15 @@ def local_train(
     correction = flat_model.split_like_params(spec.correction) if spec.correction is not None else None
     n = labels.shape[0]
     steps, last_losses = 0, []
+    arithmetic = numerics.autocast(precision, flat_model.device)
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator).to(images.device)
         epoch_losses = []
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             x = images.index_select(0, idx).contiguous(memory_format=torch.channels_last)
-            loss = F.cross_entropy(model(x), labels.index_select(0, idx))
+            with arithmetic:
+                loss = F.cross_entropy(model(x), labels.index_select(0, idx))
             for p in params:
                 p.grad = None
             loss.backward()
@@ -126,6 +136,7 @@ def local_train_batch(
     lr: float,
     generator: torch.Generator | list[torch.Generator],
     specs: list[LocalSpec | None] | None = None,
+    precision: str = "fp32",
 ) -> list[ClientResult]:
     """`local_train` for several clients at once, as one vectorised model (`torch.func.vmap`).
 
@@ -141,7 +152,7 @@ def local_train_batch(
     (bench/gpu_batching.py measures both). Made for GPUs, where one client's
     small minibatches leave the device idle; on a 2-core CPU it is slower than the loop, the
     more so the larger the group (data/results/bench/cpu_batching.json).
-    Models with BatchNorm are not supported (`can_batch`)."""
+    Models with BatchNorm are not supported (`can_batch`). `precision` as in `local_train`."""
     from torch.func import functional_call, grad, vmap
 
     if not can_batch(flat_model):
@@ -184,6 +195,7 @@ def local_train_batch(
         return loss, loss.detach()
 
     grad_and_loss = vmap(grad(client_loss, has_aux=True))
+    arithmetic = numerics.autocast(precision, device)
     step_ids = torch.arange(total)[:, None]
     last_epoch = ((step_ids >= torch.tensor(steps) - torch.tensor(per_epoch)) & (step_ids < torch.tensor(steps))).to(device)
     start_params = flat_model.split_like_params(global_weights)
@@ -204,7 +216,8 @@ def local_train_batch(
         x = images.index_select(0, index[step].flatten()).reshape(clients, batch_size, *images.shape[1:])
         y = labels.index_select(0, index[step].flatten()).reshape(clients, batch_size)
         m = mask[step]
-        grads, losses = grad_and_loss(params, x, y, m)
+        with arithmetic:
+            grads, losses = grad_and_loss(params, x, y, m)
         with torch.no_grad():
             loss_sums += torch.where(last_epoch[step], losses.double(), 0.0)
             for n in names:
@@ -224,23 +237,27 @@ def local_train_batch(
 
 @torch.inference_mode()
 def evaluate(
-    flat_model: FlatModel, weights: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 128
+    flat_model: FlatModel, weights: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 128,
+    precision: str = "fp32",
 ) -> tuple[float, float]:
     """Accuracy and mean cross-entropy loss of the model `weights` on (images, labels).
 
     Small batches keep the convolution activations in the CPU cache: on the 2-core machine the
     10,000 Fashion-MNIST test images take about 0.3 s at batch 128 against 0.8 s at batch 1000
-    (see bench/benchmark.py). Sums stay on the device, so a GPU is not synchronised per batch."""
+    (see bench/benchmark.py). Sums stay on the device, so a GPU is not synchronised per batch.
+    `precision` "bf16": the forward passes under bfloat16 autocast; the loss and the sums in float32."""
     flat_model.set_flat(weights)
     model = flat_model.model
     model.eval()
     correct = torch.zeros((), dtype=torch.long, device=labels.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=labels.device)
+    arithmetic = numerics.autocast(precision, flat_model.device)
     for start in range(0, labels.shape[0], batch_size):
         x = images[start : start + batch_size].contiguous(memory_format=torch.channels_last)
         y = labels[start : start + batch_size]
-        logits = model(x)
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+        with arithmetic:
+            logits = model(x)
+        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
         correct += (logits.argmax(1) == y).sum()
     n = labels.shape[0]
     return int(correct) / n, float(loss_sum) / n
