@@ -483,7 +483,9 @@ def test_flwr_run_against_a_local_deployment_with_a_node_killed_mid_run(tmp_path
 def test_the_book_page_shows_the_deployment_commands_the_test_runs():
     page = (ROOT / "book" / "flower.md").read_text()
     lines, connection = launch.shell_commands(app="examples/flower_app", num_nodes=3, run_config=DEPLOYMENT_RUN)
-    for line in [*lines, *connection.splitlines()]:
+    sim_lines, sim_connection = launch.shell_commands(app="examples/flower_app", num_nodes=10, simulation=True)
+    sim_section = sim_connection.split("\n\n", 1)[1]  # [superlink.local-simulation] and its keys
+    for line in [*lines, *connection.splitlines(), *sim_lines, *sim_section.splitlines()]:
         assert line in page, f"book/flower.md lacks the line: {line}"
     included = re.findall(r"```\{literalinclude\} (\S+)", page)
     assert (ROOT / "book" / "../examples/flower_app/fedsteer_app/server_app.py").resolve() in \

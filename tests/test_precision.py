@@ -234,7 +234,7 @@ def test_the_parity_group_is_table_1s_setting_in_bf16():
 
 
 def test_parity_pairs_by_seed_and_uses_complete_seeds_only():
-    from fedsteer_lib.book.provenance import parity_table
+    from fedsteer_lib.book.precision_report import parity_table
 
     rows = []
     for seed in range(4):
@@ -256,19 +256,29 @@ def test_parity_pairs_by_seed_and_uses_complete_seeds_only():
 
 
 def test_vectorised_clients_train_in_bf16_too():
+    """The vectorised path trains in bf16 as the one-by-one path does: the two bf16 paths differ by
+    no more than bf16 itself moves an update away from fp32 (their kernels round differently, so
+    they are not equal). Measured: batched vs loop 0.10 and 0.18 relative, loop vs fp32 0.10 and
+    0.20 (two and three SGD steps on random images)."""
     from fedsteer_lib.simulator.training import local_train_batch
 
     torch.manual_seed(0)
     fm = FlatModel(FMNISTCNN())
     w = fm.get_flat()
     data = [_client_data(32), _client_data(40)]
+    seeds = range(len(data))
     with numerics.kernels_for_run("cpu", "bf16"):
         batched = local_train_batch(fm, w, data, epochs=1, batch_size=16, lr=0.1,
-                                    generator=[torch.Generator().manual_seed(i) for i in range(2)], precision="bf16")
+                                    generator=[torch.Generator().manual_seed(i) for i in seeds], precision="bf16")
         loop = [local_train(fm, w, x, y, epochs=1, batch_size=16, lr=0.1, generator=torch.Generator().manual_seed(i),
                             precision="bf16") for i, (x, y) in enumerate(data)]
-        fp32 = local_train_batch(fm, w, data[:1], epochs=1, batch_size=16, lr=0.1,
-                                 generator=[torch.Generator().manual_seed(0)])
-    for b, l in zip(batched, loop):
-        assert b.update.dtype == torch.float32 and float((b.update - l.update).norm() / l.update.norm()) < 0.1
-    assert not torch.equal(batched[0].update, fp32[0].update)
+        fp32 = [local_train(fm, w, x, y, epochs=1, batch_size=16, lr=0.1, generator=torch.Generator().manual_seed(i))
+                for i, (x, y) in enumerate(data)]
+
+    def rel(a, b) -> float:
+        return float((a.update - b.update).norm() / b.update.norm())
+
+    for b, l, f in zip(batched, loop, fp32):
+        assert b.update.dtype == torch.float32
+        assert rel(b, f) > 1e-3  # it did train in bf16
+        assert rel(b, l) <= 1.25 * rel(l, f), (rel(b, l), rel(l, f))

@@ -25,23 +25,21 @@ their mechanism, chapter 6 for accuracy, chapter 10 for all of it); `make book` 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..experiments import groups
-from ..experiments.config import DATASET_DEFAULTS, method
 from ..experiments.registry import BASELINE_ROLES, display_name
-from ..experiments.results import load_run
 from . import paper
 from .methods import roles
 from .stats import holm, mean_ci, one_sample_t_test
 
 __all__ = ["MIN_UNITS", "ALPHA", "COLUMNS", "Claim", "build", "quote", "row", "display", "best_baseline",
-           "gains_by_seed", "at_best_beta", "alignment_by_run", "write"]
+           "gains_by_seed", "at_best_beta", "write"]
 
 MIN_UNITS = 5  # independent units (seeds, runs) a verdict needs; fewer: indicative only
 ALPHA = 0.05
@@ -143,7 +141,9 @@ def gains_by_seed(per_seed: pd.DataFrame, a: str, b: str) -> pd.Series:
 
 
 def _pct(x: float) -> str:
-    return "—" if x != x else f"{100 * x:+.1f} %"
+    from .table_display import fmt_pct
+
+    return fmt_pct(x)
 
 
 def accuracy_claims(book) -> list[Claim]:
@@ -168,15 +168,15 @@ def accuracy_claims(book) -> list[Claim]:
         quote = {p.key: p for p in paper.PAPER}
         if np.isclose(gamma, 0.9):
             row(f"gain-fedavg-{g}", "FedSteer ends above FedAvg", "§4.2", "fedavg",
-                f"{quote['fmnist/0.9/gain_vs_fedavg'].text} (0.554 vs 0.509)" if book.dataset == "fmnist" else "—")
+                f"{_pct(quote['fmnist/0.9/gain_vs_fedavg'].value)} (0.554 vs 0.509)" if book.dataset == "fmnist" else "—")
             if "full" in per_seed:
                 row(f"below-full-{g}", "FedSteer is second only to full participation", "§8.4", "full",
                     "below full participation, above every baseline", direction=-1)
         paper_gain = {0.9: "fmnist/0.9/gain_vs_best", 0.7: "fmnist/0.7/gain_vs_best"}.get(round(float(gamma), 1))
         row(f"gain-best-{g}", "FedSteer ends above the best baseline", "§4.2", best,
-            quote[paper_gain].text + (" (next-best: FedAvg)" if np.isclose(gamma, 0.9) else "")
+            _pct(quote[paper_gain].value) + (" (next-best: FedAvg)" if np.isclose(gamma, 0.9) else "")
             if paper_gain and book.dataset == "fmnist" else "—")
-        row(f"margin-{g}", "FedSteer's gain over the next-best method is at least 7.9 %", "§1", best, "at least 7.9 %",
+        row(f"margin-{g}", "FedSteer's gain over the next-best method is at least 7.9 %", "§1", best, "at least +7.9 %",
             target=0.079)
     return out
 
@@ -255,113 +255,6 @@ def fig5_claims(book, coreset: pd.DataFrame) -> list[Claim]:
     return out
 
 
-# ------------------------------------------------------------------------------- mechanism claims
-def _payloads(book, configs) -> list[tuple[Any, dict]]:
-    book.ensure(configs, desc="probe runs")
-    return [(c, load_run(c, book.root)) for c in configs]
-
-
-def alignment_by_run(payloads) -> list[float]:
-    """Per run: the mean over its probe rows (inactive clients seen before) of cos(Q_t s_i, g_i) -
-    cos(h_i, g_i): how much better the steered estimate points than the stale update. One value
-    per run: rows of one run are not independent."""
-    out = []
-    for _, p in payloads:
-        rows = pd.DataFrame([r for r in p["extras"].get("probes", []) if r["client"] >= 0])
-        ok = rows[(rows["staleness"] >= 1) & rows["cos_stale"].notna() & rows["cos_estimate"].notna()] if len(rows) else rows
-        if len(ok):
-            out.append(float((ok["cos_estimate"] - ok["cos_stale"]).mean()))
-    return out
-
-
-def _probe_means(payloads, field: str) -> pd.DataFrame:
-    """Per run (method, γ, seed): the mean of `field` over its probe rounds (client -1 rows)."""
-    rows = []
-    for c, p in payloads:
-        vals = [r[field] for r in p["extras"].get("probes", []) if r["client"] == -1 and r.get(field) is not None]
-        rows.append({"method": c.method.label, "name": c.method.name, "refresh": c.method.get("refresh_every"),
-                     "gamma": c.system.gamma, "seed": c.seed, "value": float(np.mean(vals)) if vals else np.nan})
-    return pd.DataFrame(rows)
-
-
-def variance_claims(book, only: Sequence[str] | None = None) -> list[Claim]:
-    """The mechanism claims measured by probes during training. `only` (claim ids, for `quote`):
-    compute just those and the runs they need (variance-thm1 needs FedSteer's and FedVARP's)."""
-    want = set(only) if only is not None else {"alignment", "variance-thm1", "variance-term-thm2"}
-    name = paper.DATASET_NAMES[book.dataset]
-    out = []
-    if "alignment" in want:
-        align = alignment_by_run(_payloads(book, groups.alignment_grid(book.dataset, book.profile, seeds=book.seeds,
-                                                                        device=book.device)))
-        out.append(Claim("alignment", "mechanism", "The steered estimate Q_t s_i points closer to the true update than "
-                         "the stale h_i", "§2.2, Fig. 1", f"{name}, probe rounds during training", "closer (no number)",
-                         "02_corrective_projection", align, unit="runs",
-                         ours=f"{np.mean(align):+.3f} in cosine" if align else "—"))
-    if not want & {"variance-thm1", "variance-term-thm2"}:
-        return out
-    configs = groups.convergence_grid(book.dataset, book.profile, seeds=book.seeds, device=book.device)
-    if "variance-term-thm2" not in want:
-        configs = [c for c in configs if c.method.name == "fedvarp"
-                   or (c.method.name == "fedsteer" and c.method.get("refresh_every") == 1)]
-    probes = _payloads(book, configs)
-    var = _probe_means(probes, "exact_variance")
-    term = _probe_means(probes, "mse_to_mean")
-    steer = lambda t: t[(t["name"] == "fedsteer") & (t["refresh"] == 1)]  # noqa: E731
-    ratios, term_ratios = [], []
-    for (gamma, seed), s in steer(var).groupby(["gamma", "seed"]):
-        at = var[(var["gamma"] == gamma) & (var["seed"] == seed) & (var["name"] == "fedvarp")]
-        if len(at) and s["value"].iloc[0] == s["value"].iloc[0]:
-            ratios.append(float(s["value"].iloc[0] / at["value"].iloc[0] - 1))
-    for (gamma, seed), s in steer(term).groupby(["gamma", "seed"]):
-        others = term[(term["gamma"] == gamma) & (term["seed"] == seed) & ~term.index.isin(s.index)]["value"].dropna()
-        if len(others):
-            term_ratios.append(float(s["value"].iloc[0] / others.min() - 1))
-    out.append(Claim("variance-thm1", "mechanism", "FedSteer's aggregation has a lower variance than FedVARP's",
-                     "§2.3, Theorem 1", f"{name}, probe rounds during training", "minimised (no number)",
-                     "03_variance_minimization", ratios, unit="runs", direction=-1,
-                     ours=f"{_pct(np.mean(ratios))} (FedSteer over FedVARP)" if ratios else "—"))
-    out.append(Claim("variance-term-thm2", "mechanism", "FedSteer has the smallest partial-update variance term",
-                     "§3, Theorem 2", f"{name}, probe rounds during training", "smallest (no number)", "05_convergence",
-                     term_ratios, unit="runs", direction=-1,
-                     ours=f"{_pct(np.mean(term_ratios))} (FedSteer over the smallest other)" if term_ratios else "—"))
-    return out
-
-
-def stability_claim(book) -> list[Claim]:
-    from .coordinates import coordinate_stability
-
-    configs = groups.stability_grid(book.dataset, book.profile, seeds=book.seeds, device=book.device)
-    medians = []
-    for _, (c, p) in zip(configs, _payloads(book, list(configs.values()))):
-        cos = coordinate_stability(p, c.method.get("refresh_every"))["cosine"].dropna()
-        if len(cos):
-            medians.append(float(cos.median()))
-    return [Claim("coordinates-stable", "mechanism", "A client's coordinates s_i change little between refreshes",
-                  "§8.5, Fig. 8", f"{paper.DATASET_NAMES[book.dataset]}, γ = {max(book.profile.gammas):g}, "
-                  "|X| ∈ {10, 40}, λ ∈ {0, 0.5}", "stable (no number)", "08_coordinate_stability", medians,
-                  unit="settings of one seed", target=0.9,
-                  ours=f"median cosine at a refresh {np.median(medians):.2f}" if medians else "—")]
-
-
-def memory_claims(book, main: pd.DataFrame) -> list[Claim]:
-    from ..simulator.models import build_model, num_parameters
-    from .server_memory import memory_formula
-
-    d = num_parameters(build_model(book.dataset, paper.NUM_CLASSES[book.dataset], 3 if book.dataset == "cifar10" else 1))
-    ratio10 = memory_formula("fedvarp", 100, d) / memory_formula("fedsteer", 100, d, 10)
-    out = [Claim("memory-k10", "memory", "About 10 times less server memory at |X| = 10, N = 100", "§8.2",
-                 f"{paper.DATASET_NAMES[book.dataset]} CNN (d = {d:,}), |X| = 10", "about 10 ×", "04_core_set_selection",
-                 exact=ratio10, exact_holds=bool(8 <= ratio10 <= 12), ours=f"{ratio10:.1f} ×")]
-    k = DATASET_DEFAULTS[book.dataset]["core_size"]
-    mem = main[main["role"].isin(["fedsteer", "fedvarp"])].groupby("role")["server_memory_bytes"].median()
-    if {"fedsteer", "fedvarp"} <= set(mem.index):
-        r = float(mem["fedvarp"] / mem["fedsteer"])
-        out.append(Claim(f"memory-k{k}", "memory", f"The saving at the |X| = {k} this data set's runs use", "§4.2, §8.2",
-                         f"{paper.DATASET_NAMES[book.dataset]}, |X| = {k}", "not stated", "04_core_set_selection",
-                         exact=r, exact_holds=None, ours=f"{r:.1f} ×"))
-    return out
-
-
 def not_run_rows(book) -> list[Claim]:
     """The paper's numbers for the data sets this build did not run: stated, not checked."""
     out = []
@@ -377,6 +270,8 @@ def not_run_rows(book) -> list[Claim]:
 def build(book) -> pd.DataFrame:
     """The whole ledger of `book`'s data set and profile (computing any missing run first, as a
     chapter does): one row per claim (`COLUMNS`), in the book's order, one Holm family."""
+    from .mechanism_claims import memory_claims, stability_claim, variance_claims
+
     main = at_best_beta(_role_table(book, groups.paper_grid(book.dataset, book.profile, book.device)))
     ablations = _ablation_runs(book)
     claims = (accuracy_claims(book) + variance_claims(book) + stability_claim(book) + memory_claims(book, main)
@@ -426,6 +321,8 @@ def quote(book, ids: Sequence[str]) -> pd.DataFrame:
     memory claim. Otherwise (e.g. one seed) no other row can change them: only their own claims
     are computed, from the runs they need, so a chapter executed alone computes no other chapter's
     runs."""
+    from .mechanism_claims import memory_claims, stability_claim, variance_claims
+
     ids = list(ids)
     mechanism = [i for i in ids if i in ("alignment", "variance-thm1", "variance-term-thm2")]
     claims = variance_claims(book, only=mechanism) if mechanism else []

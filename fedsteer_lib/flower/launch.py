@@ -79,13 +79,16 @@ def _connections(port: int, connection: str) -> str:
 
 
 def shell_commands(app: str = "examples/flower_app", num_nodes: int = 3, link_port: int = 9093,
-                   node_ports: int = 9101, run_config: dict[str, Any] | None = None) -> tuple[list[str], str]:
-    """What `LocalFederation` runs for a deployment, with fixed ports: the shell lines, and the
-    connection that `$FLWR_HOME/config.toml` (by default ~/.flwr/config.toml) must hold."""
-    lines = [shlex.join(_superlink(link_port, False)) + " &"]
-    lines += [shlex.join(_supernode(link_port, node_ports + i, i, num_nodes)) + " &" for i in range(num_nodes)]
-    lines.append(shlex.join(_flwr_run(app, CONNECTION, run_config or {})))
-    return lines, _connections(link_port, CONNECTION)
+                   node_ports: int = 9101, run_config: dict[str, Any] | None = None,
+                   simulation: bool = False) -> tuple[list[str], str]:
+    """What `LocalFederation` runs, with fixed ports: the shell lines, and the connection that
+    `$FLWR_HOME/config.toml` (by default ~/.flwr/config.toml) must hold."""
+    connection = SIM_CONNECTION if simulation else CONNECTION
+    lines = [shlex.join(_superlink(link_port, simulation)) + " &"]
+    if not simulation:
+        lines += [shlex.join(_supernode(link_port, node_ports + i, i, num_nodes)) + " &" for i in range(num_nodes)]
+    lines.append(shlex.join(_flwr_run(app, connection, run_config or {}, num_nodes if simulation else 0)))
+    return lines, _connections(link_port, connection)
 
 
 class LocalFederation:

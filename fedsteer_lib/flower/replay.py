@@ -8,7 +8,8 @@ round. tests/test_flower.py and bench/flower_vs_engine.py use it.
   engine does (`training.local_train`, the engine's kernels) with client i's own minibatch
   generator of the engine's stream for the message: `warmup-cycle` in the config: the warm-up's
   stream and cycle; `forced-update`: the forced clients' stream; else the training rounds'
-  stream, at training round `server-round` - warm-up rounds - 1. It also answers a QUERY with
+  stream; at the training round `training-round` that the replaying strategy sends (its
+  `server-round` less the warm-up rounds, less one), so the client needs no method's settings. It also answers a QUERY with
   its partition id.
 - `replay_strategy(config, federation)`: the `fedsteer_lib.flower` class of `config.method`,
   with its parameters, whose slots are the clients in partition order (asked by a QUERY before
@@ -75,7 +76,6 @@ def _client_data(config: RunConfig, data_root: str | None) -> SimData:
 def engine_client_app(config: RunConfig, data_root: str | None = None) -> ClientApp:
     """A ClientApp for the simulated federation of `config` (see the module docstring)."""
     data_config = config.replace(method=RunConfig().method)  # the method is the server's business
-    warmup = config.method.build().warmup_cycles
     tr = config.training
     app = ClientApp()
 
@@ -97,7 +97,7 @@ def engine_client_app(config: RunConfig, data_root: str | None = None) -> Client
             stream, index = STREAM_WARMUP, int(cfg["warmup-cycle"])
         else:
             stream = STREAM_FORCED if cfg.get("forced-update") else STREAM_BATCHES
-            index = int(cfg["server-round"]) - warmup - 1
+            index = int(cfg["training-round"])
         correction = msg.content.array_records.get(CORRECTION_KEY)
         spec = LocalSpec(prox_mu=float(cfg.get("proximal-mu", 0.0)),
                          correction=None if correction is None else Layout.of(correction).flat(correction))
@@ -135,6 +135,12 @@ class _Replay:
             self._check_size(len(self.nodes))
             self.state = self.core.init_state(self._context())
         return super()._connect(grid, server_round)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        """The method's messages, each with the engine's training round (0 in the first round
+        after the warm-up) for the client's minibatch stream."""
+        training_round = ConfigRecord({**dict(config), "training-round": server_round - self.warmup_rounds - 1})
+        return super().configure_train(server_round, arrays, training_round, grid)
 
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
         row = self.schedule[server_round - self.warmup_rounds - 1]

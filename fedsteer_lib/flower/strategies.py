@@ -110,17 +110,19 @@ class NodeTable:
     rounds: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
     replied: list[int] = field(default_factory=list)
+    index: dict[int, int] = field(default_factory=dict)  # node id -> slot
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def slot(self, node_id: int) -> int | None:
-        return self.ids.index(node_id) if node_id in self.ids else None
+        return self.index.get(node_id)
 
     def add(self, node_id: int, server_round: int) -> int:
         for name, value in (("ids", node_id), ("examples", 0.0), ("declared", None), ("joined", server_round),
                             ("rounds", 0), ("sampled", 0), ("replied", 0)):
             getattr(self, name).append(value)
+        self.index[node_id] = len(self.ids) - 1
         return len(self.ids) - 1
 
     def observed_rate(self, slot: int) -> float | None:
@@ -236,6 +238,7 @@ class MethodStrategy(FlowerFedAvg):
         self._sent: list[tuple[Message, int]] = []  # those messages and their nodes
         self._expected: list[int] = []  # warm-up: the slots that make the cycle complete
         self._grid: Grid | None = None
+        self._config = ConfigRecord()  # this round's train config
         self._timeout: float | None = None
 
     @property
@@ -395,7 +398,7 @@ class MethodStrategy(FlowerFedAvg):
         Training rounds: w_t to the sampled nodes (`sample`), with the method's local terms."""
         if self.layout is None:
             self._begin(arrays)
-        self._grid = grid
+        self._grid, self._config = grid, config
         nodes = self._connect(grid, server_round)
         if server_round <= self.warmup_rounds:
             self._expected = [self.nodes.slot(n) for n in nodes]
@@ -460,7 +463,7 @@ class MethodStrategy(FlowerFedAvg):
         nodes = [self.nodes.ids[s] for s in wanted if self.nodes.ids[s] in connected]
         if not nodes:
             return
-        messages = self._messages(nodes, self.weights, ConfigRecord(), server_round, {"forced-update": True}, local=True)
+        messages = self._messages(nodes, self.weights, self._config, server_round, {"forced-update": True}, local=True)
         good = self._read(server_round, self._grid.send_and_receive(messages, timeout=self._timeout), "forced")
         if good:
             slots = sorted(good)
