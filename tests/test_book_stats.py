@@ -1,5 +1,5 @@
 """The paired t-test, Holm's correction and the verdict rule, against printed tables and by hand;
-paired comparisons as one family, Fig. 5's pairs and the tables and sentences built from them."""
+paired comparisons as one family."""
 import math
 
 import numpy as np
@@ -99,53 +99,6 @@ def test_family_verdicts_holm_over_the_tested_rows_only():
     # one more tested comparison in the family: 0.02 * 3 = 0.06 is no longer below 0.05
     bigger = stats.family_verdicts(pd.concat([table, table.iloc[[3]].assign(p=0.5)], ignore_index=True))
     assert bigger.loc[1, "p_holm"] == pytest.approx(0.06) and bigger.loc[1, "verdict"] == "no clear difference between C and D"
-
-
-def test_describe_verdicts_gives_the_test_only_where_there_is_one():
-    table = pd.DataFrame({"gamma": [0.9, 0.7], "comparison": ["A vs B", "E vs F"], "n": [8, 1],
-                          "difference": [0.05, -0.3], "p": [0.004, float("nan")], "pair": [("A", "B"), ("E", "F")]})
-    text = stats.describe_verdicts(stats.family_verdicts(table))
-    assert text.splitlines() == [
-        "- γ = 0.9, A vs B: a − b = +0.050 (8 seeds, paired t-test, Holm-adjusted p = 0.004): A higher than B.",
-        "- γ = 0.7, E vs F: a − b = -0.300 (mean over 1 seed): indicative (n = 1, no test)."]
-
-
-def test_comparisons_display_reads_without_nan():
-    a = _runs("fedsteer", {0.9: A6, 0.7: (0.5,)})
-    b = _runs("fedavg", {0.9: B6, 0.7: (0.4,)})
-    shown = stats.comparisons_display(stats.family_verdicts(stats.paired_comparison(a, b, "A", "B")))
-    row7, row9 = shown.iloc[0], shown.iloc[1]
-    assert list(shown.columns) == ["γ", "comparison (a vs b)", "n", "a", "b", "a − b", "a wins", "p (Holm)", "verdict"]
-    # mean and std of A6: 0.81667, 0.016330; of a − b: 0.053333, 0.0081650 (three significant digits)
-    assert row9["a"] == "0.817 ± 0.0163" and row9["a − b"] == "0.0533 ± 0.00816" and row9["n"] == 6
-    assert row7["a"] == "0.5 ± —" and row7["p (Holm)"] == "—" and row7["γ"] == "0.7"
-    assert not shown.astype(str).apply(lambda c: c.str.contains("nan|None|True|False")).any().any()
-
-
-def test_coreset_lambda_pairs_and_the_papers_reading():
-    runs = pd.concat([
-        _runs("fedsteer", {0.9: (0.60, 0.62)}, core_size=10, lam=0.5, refresh_every=5),
-        _runs("fedsteer", {0.9: (0.50, 0.51)}, core_size=10, lam=0.0, refresh_every=5),
-        _runs("fedsteer", {0.9: (0.70, 0.71, 0.70, 0.72, 0.69)}, core_size=40, lam=0.5, refresh_every=5),
-        _runs("fedsteer", {0.9: (0.60, 0.60, 0.61, 0.60, 0.59)}, core_size=40, lam=0.0, refresh_every=5),
-        _runs("fedsteer", {0.9: (0.3,) * 5}, core_size=160, lam=0.5, refresh_every=5),
-        _runs("fedsteer", {0.9: (0.2, 0.21, 0.2, 0.19, 0.2)}, core_size=160, lam=0.0, refresh_every=5)])
-    assert set(stats.with_core_lambda(runs)["core_size"]) == {10, 40, 160}
-    pairs = stats.coreset_lambda_pairs(runs).set_index("|X|")
-    assert pairs.loc[10, "difference"] == pytest.approx(0.105) and pairs.loc[10, "n"] == 2
-    assert list(pairs["paper (EMNIST)"]) == ["λ=0.5 better", "λ=0 better", "both degrade"]
-    assert pairs.loc[40, "comparison"] == "λ=0.5 vs λ=0, |X|=40"
-    fam = stats.family_verdicts(pairs.reset_index())
-    assert list(stats.paper_agreement(fam)) == [
-        "indicative (n = 2, no test)",  # clear-looking, but two seeds: no verdict
-        "disagrees with the paper",  # λ=0.5 higher by 0.104 at |X| = 40, where the paper has λ = 0 better
-        "the paper gives no direction"]
-    p40, p160 = fam.loc[1, "p"], fam.loc[2, "p"]  # a family of two tested rows; |X| = 160's p is the smaller
-    assert p160 < p40 and fam.loc[2, "p_holm"] == pytest.approx(2 * p160)
-    assert fam.loc[1, "p_holm"] == pytest.approx(max(p40, 2 * p160))
-    # a tested difference that is not significant is not read as agreeing or disagreeing
-    weak = fam.assign(significant=False, verdict="no clear difference between λ=0.5 and λ=0")
-    assert set(stats.paper_agreement(weak)) == {"no clear difference between λ=0.5 and λ=0"}
 
 
 def test_family_verdicts_of_no_comparison():

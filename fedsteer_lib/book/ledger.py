@@ -360,7 +360,7 @@ def write(ledger: pd.DataFrame, out_dir: str | Path) -> Path:
     return path
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _main(argv: Sequence[str] | None = None) -> None:
     from .context import setup
 
     parser = argparse.ArgumentParser(prog="python -m fedsteer_lib.book.ledger", description=__doc__.split("\n\n")[0])
@@ -372,4 +372,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _main()

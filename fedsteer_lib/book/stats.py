@@ -1,17 +1,17 @@
 """Statistics of result tables: means over seeds, paired comparisons and the verdicts a test
-allows, collapse counts, and Fig. 5's core-set size x lambda grid.
+allows, collapse counts.
 
 Every function takes the tidy tables of `Book.runs` (one row per run: dataset, method, label,
 gamma, seed, final_accuracy, collapsed, ..., one column per method parameter) and returns a
 pandas DataFrame or a sentence. Comparisons are paired by seed and tested with the paired
 two-sided t-test (`paired_t_test`, exact p from `t_two_sided_p`); the p-values of one family of
 comparisons (a chapter's, or one table's) are adjusted with Holm's method (`holm`,
-`family_verdicts`, `tested_verdicts`). A verdict ("higher", "lower", "agrees with the paper")
-is stated only with at least MIN_SEEDS_FOR_VERDICT = 5 paired seeds and a Holm-adjusted p below
-0.05; with fewer seeds the numbers are shown as indicative, with no test and no verdict.
+`family_verdicts`, `tested_verdicts`). A verdict ("higher", "lower") is stated only with at least
+MIN_SEEDS_FOR_VERDICT = 5 paired seeds and a Holm-adjusted p below 0.05; with fewer seeds the
+numbers are shown as indicative, with no test and no verdict.
 
-Used by Table 1 and the collapse counts (chapter 6), every ablation comparison and Fig. 5
-(chapter 7), FedSteer's paired gains (chapter 9) and the claim checks (chapter 10).
+Used by Table 1 and the collapse counts (chapter 6), FedSteer's paired gains (chapter 9), the
+claim checks (chapter 10) and the claims ledger.
 """
 from __future__ import annotations
 
@@ -23,10 +23,8 @@ import pandas as pd
 
 from .methods import method_order, method_specs, roles, table_name
 from .paper import NUM_CLASSES
-from .table_display import mean_std_text
 
-__all__ = ["summarize", "format_pct", "counted", "collapse_counts", "with_core_lambda", "paired_comparison", "family_verdicts",
-           "coreset_lambda_table", "coreset_lambda_pairs", "paper_agreement", "comparisons_display", "describe_verdicts",
+__all__ = ["summarize", "format_pct", "counted", "collapse_counts", "paired_comparison", "family_verdicts",
            "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts", "t_critical", "mean_ci",
            "one_sample_t_test"]
 
@@ -83,13 +81,6 @@ def collapse_counts(runs: pd.DataFrame, chance_factor: float = 1.5) -> pd.DataFr
     return out[["dataset", "gamma", "label", "method", "runs", "non_finite", "near_chance"]].reset_index(drop=True)
 
 
-def with_core_lambda(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs with their core-set size (`core_size`) and ridge λ (`lam`) as columns, from the
-    method columns."""
-    specs = method_specs(runs)
-    return runs.assign(core_size=[int(s.get("core_size")) for s in specs], lam=[float(s.get("lam")) for s in specs])
-
-
 def paired_comparison(a_runs: pd.DataFrame, b_runs: pd.DataFrame, a_name: str, b_name: str,
                       metric: str = "final_accuracy") -> pd.DataFrame:
     """a vs b per (dataset, gamma), paired by seed: n, the means of a and b (columns named
@@ -139,84 +130,6 @@ def family_verdicts(comparisons: pd.DataFrame, alpha: float = ALPHA) -> pd.DataF
                             f"no clear difference between {a} and {b}", alpha)
                       for n, d, ph, (a, b) in zip(out["n"], out["difference"], out["p_holm"], out["pair"])]
     return out
-
-
-def coreset_lambda_table(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
-    """Fig. 5's grid: mean, std and n of `metric` per (dataset, gamma, |X|, λ)."""
-    g = with_core_lambda(runs).groupby(["dataset", "gamma", "core_size", "lam"])[metric]
-    out = g.agg(mean="mean", n="count").reset_index()
-    out["std"] = g.agg(_std).values
-    return out
-
-
-def _paper_fig5_sign(k: int) -> int:
-    """The paper's Fig. 5 reading (EMNIST) for core-set size k: +1 if λ = 0.5 is better (|X| ≤ 30),
-    -1 if λ = 0 is (40 ≤ |X| ≤ 80), 0 where it gives no direction (both degrade above 80)."""
-    return 1 if k <= 30 else -1 if 40 <= k <= 80 else 0
-
-
-def coreset_lambda_pairs(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
-    """Fig. 5 as paired comparisons: per (dataset, gamma, |X|), λ = 0.5 vs λ = 0 paired by seed
-    (`paired_comparison`'s columns), with "|X|" and the paper's reading for that size ("paper
-    (EMNIST)")."""
-    r = with_core_lambda(runs)
-    out = []
-    for k in sorted(r["core_size"].unique()):
-        at = r[r["core_size"] == k]
-        cmp = paired_comparison(at[at["lam"] == 0.5], at[at["lam"] == 0.0], "λ=0.5", "λ=0", metric)
-        cmp["comparison"] = f"λ=0.5 vs λ=0, |X|={k}"
-        cmp["|X|"] = int(k)
-        cmp["paper (EMNIST)"] = {1: "λ=0.5 better", -1: "λ=0 better", 0: "both degrade"}[_paper_fig5_sign(int(k))]
-        out.append(cmp)
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-
-
-def paper_agreement(fig5: pd.DataFrame) -> list[str]:
-    """Per row of `coreset_lambda_pairs` after `family_verdicts`: "agrees with the paper" /
-    "disagrees with the paper" only for a significant difference where the paper gives a
-    direction; otherwise the verdict ("no clear difference ...", "indicative (n = 2, no test)")
-    or "the paper gives no direction"."""
-    out = []
-    for k, d, sig, word in zip(fig5["|X|"], fig5["difference"], fig5["significant"], fig5["verdict"]):
-        sign = _paper_fig5_sign(int(k))
-        if not sig:
-            out.append(word)
-        elif sign == 0:
-            out.append("the paper gives no direction")
-        else:
-            out.append("agrees with the paper" if np.sign(d) == sign else "disagrees with the paper")
-    return out
-
-
-def comparisons_display(family: pd.DataFrame) -> pd.DataFrame:
-    """`family_verdicts` rows for reading: γ, comparison, n, a and b (mean ± std), a − b (mean ±
-    std of the paired differences, `table_display.mean_std_text`), seeds a wins, the Holm-adjusted
-    p and the verdict; three significant digits, "—" where there is no number. Hide the index
-    when showing it."""
-    rows = []
-    for _, r in family.iterrows():
-        a, b = r["pair"]
-        d, n = np.asarray(r["differences"], dtype=float), int(r["n"])
-        rows.append({"γ": f"{r['gamma']:g}", "comparison (a vs b)": r["comparison"], "n": n,
-                     "a": mean_std_text(r[a], r["std a"], n, with_n=False),
-                     "b": mean_std_text(r[b], r["std b"], n, with_n=False),
-                     "a − b": mean_std_text(float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else float("nan"), n,
-                                            with_n=False),
-                     "a wins": r["wins"], "p (Holm)": "—" if r["p_holm"] != r["p_holm"] else f"{r['p_holm']:.3f}",
-                     "verdict": r["verdict"]})
-    return pd.DataFrame(rows)
-
-
-def describe_verdicts(family: pd.DataFrame) -> str:
-    """Markdown, one line per `family_verdicts` row: γ, the comparison, the mean paired difference
-    a − b, the seeds, the Holm-adjusted p where there is a test, and the verdict."""
-    lines = []
-    for _, r in family.iterrows():
-        n = int(r["n"])
-        test = (f"{n} seeds, paired t-test, Holm-adjusted p = {r['p_holm']:.3f}" if r["p_holm"] == r["p_holm"]
-                else f"mean over {counted(n, 'seed')}")
-        lines.append(f"- γ = {r['gamma']:g}, {r['comparison']}: a − b = {r['difference']:+.3f} ({test}): {r['verdict']}.")
-    return "\n".join(lines)
 
 
 def t_two_sided_p(t: float, df: int) -> float:

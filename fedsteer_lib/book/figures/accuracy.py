@@ -1,6 +1,5 @@
-"""Figures of accuracy: curves over the rounds (Fig. 4, Fig. 6/7), Table 1 as bars next to the
-paper's numbers, and Fig. 5 (core-set size x lambda, every seed a dot), from `Book.curves` and the
-tables of `fedsteer_lib.book.tables` / `stats`. Each returns the matplotlib Figure it drew, sized
+"""Figures of accuracy: curves over the rounds (Fig. 4, Fig. 6/7) and Table 1 as bars next to the
+paper's numbers, from `Book.curves` and the tables of `fedsteer_lib.book.tables` / `stats`. Each returns the matplotlib Figure it drew, sized
 for the book's column (`style.COLUMN_WIDTH` wide, every text at least `style.MIN_FONT`).
 
 In the curves and bars, FedSteer, FedAvg and the best baseline of each gamma (Table 1's best
@@ -12,7 +11,7 @@ row has `collapsed` True, scored on the diverged model) keeps that score for the
 not run, as in Table 1; an x marks the mean collapse round and the legend says how many seeds
 collapsed.
 
-Used by chapters 6 and 7.
+Used by chapter 6.
 """
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from ..stats import counted
 from .style import column_figure, fit_to_column, highlight_colours
 
 __all__ = ["role_legend_names", "cadence_curve", "plot_accuracy_by_gamma", "plot_convergence",
-           "plot_table1_bars", "plot_coreset_lambda"]
+           "plot_table1_bars"]
 
 _MUTED = "#a3a3a3"
 
@@ -178,34 +177,3 @@ def plot_table1_bars(t1: pd.DataFrame, runs: pd.DataFrame, *, metric: str = "fin
            Line2D([], [], marker="D", ls="", color="white", markeredgecolor="black", ms=5, label="paper (quoted)")]
     fig.legend(handles=key, loc="outside lower center", ncol=3, frameon=False)
     return fit_to_column(fig)
-
-
-def plot_coreset_lambda(runs: pd.DataFrame, *, metric: str = "final_accuracy") -> plt.Figure:
-    """Fig. 5: final accuracy vs core-set size |X| for λ = 0 and λ = 0.5 (enforce=5), one panel
-    per gamma (largest first): the mean over seeds as a line, every seed as a dot. `runs` is
-    `stats.with_core_lambda`'s table (one row per run, with core_size and lam). Sized for the
-    book's column (6.4 in wide, text of at least 9 pt)."""
-    gammas = sorted(runs["gamma"].unique(), reverse=True)
-    fig, axes = plt.subplots(1, len(gammas), figsize=(6.4, 3.5), squeeze=False, sharey=True)
-    for ax, gamma in zip(axes[0], gammas):
-        sub = runs[np.isclose(runs["gamma"], gamma)]
-        sizes = sorted(sub["core_size"].unique())
-        for i, (lam, grp) in enumerate(sub.groupby("lam")):
-            shift = 0.94 if i == 0 else 1.06  # the two λ side by side on the log axis
-            mean = grp.groupby("core_size")[metric].mean()
-            line, = ax.plot(mean.index * shift, mean.values, marker="o", lw=1.5, label=f"λ = {lam:g} (mean)")
-            ax.scatter(grp["core_size"] * shift, grp[metric], s=14, color=line.get_color(), alpha=0.6,
-                       edgecolor="none", zorder=3)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(k) for k in sizes], fontsize=9)
-        ax.minorticks_off()
-        ax.tick_params(axis="y", labelsize=9)
-        ax.set_xlabel("core-set size |X|", fontsize=10)
-        n = int(sub.groupby(["core_size", "lam"])["seed"].nunique().min()) if not sub.empty else 0
-        ax.set_title(f"γ = {gamma:g} ({counted(n, 'seed')} per point)", fontsize=10)
-    axes[0, 0].set_ylabel("final test accuracy", fontsize=10)
-    dot = Line2D([], [], marker="o", ls="", color="grey", alpha=0.6, markersize=4, label="one seed's run")
-    fig.legend(handles=axes[0, 0].get_legend_handles_labels()[0] + [dot], fontsize=9, loc="lower center", ncol=3,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
-    return fig
