@@ -48,27 +48,3 @@ def test_citations_are_keys_of_the_bibliography(path):
     assert cited <= keys, cited - keys
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name[:2])
-def test_block_glues_are_never_plain_text_and_tables_never_empty(path):
-    """A `{glue:}` block shows the glued value's richest output; when that is only text/plain, the
-    page shows Python's repr in a code box (a string in quotes), so such values are glued as
-    Markdown, a table or a figure, and plain text is kept for `{glue:text}` inside sentences. No
-    table on a page is empty."""
-    cells = _cells(path)
-    markdown = "\n".join(_source(c) for c in cells if c["cell_type"] == "markdown")
-    blocks = set(re.findall(r"```\{glue:?\}\s+(\S+)", markdown))
-    outputs = {}
-    for cell in cells:
-        for out in cell.get("outputs", []):
-            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name:
-                outputs[name] = {key.rsplit("/", 2)[-2] + "/" + key.rsplit("/", 1)[-1] for key in out.get("data", {})}
-    for name in blocks:
-        assert name in outputs, f"{name}: shown by a {{glue:}} block but not glued in the executed notebook"
-        assert outputs[name] - {"text/plain"}, f"{name} is glued as plain text: its page shows a quoted repr"
-    for index, cell in enumerate(cells):
-        for out in cell.get("outputs", []):
-            for key, value in out.get("data", {}).items():
-                html = value if isinstance(value, str) else "".join(value)
-                assert not (key.endswith("text/html") and re.search(r"<tbody>\s*</tbody>", html)), \
-                    f"cell {index} shows an empty table: say why instead (table_or_note)"

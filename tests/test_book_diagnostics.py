@@ -2,7 +2,6 @@
 readable tables and figure sizes. (Chapter 8's library code is tested in test_book_coordinates.py;
 chapters 5 and 8 check their own analysis code in hidden cells, run by nbval.)"""
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -51,19 +50,6 @@ def _texts_at_least(fig, size):
     return all(t.get_fontsize() >= size for t in fig.findobj(Text) if t.get_text())
 
 
-def test_readable_value_and_table():
-    from fedsteer_lib.book.table_display import mean_std_text, readable_table, readable_value
-    assert [readable_value(v) for v in (0.81275, 0.9, 3.2e-6, 12345.6, 7, True, False, None, float("nan"))] == [
-        "0.813", "0.9", "3.20 × 10⁻⁶", "12,346", "7", "yes", "no", "—", "—"]
-    assert readable_value(float(np.float32(0.04))) == "0.04" and readable_value(0.99996) == "1.000"
-    assert mean_std_text(0.81275, 0.0123, 8) == "0.813 ± 0.0123 (n = 8)" and "± —" in mean_std_text(0.5, 0.0, 1)
-    assert mean_std_text(0.81275, 0.0123, 8, with_n=False) == "0.813 ± 0.0123" and mean_std_text(float("nan"), 0.1, 3) == "—"
-    table = pd.DataFrame({"a": [0.81275, np.nan], "b": [True, None]}, index=[10, 11])
-    html = readable_table(table).to_html()
-    assert html == readable_table(table).to_html()  # a fixed id: nbval compares it
-    assert "0.813" in html and "—" in html and "yes" in html and ">10<" not in html and "nan" not in html
-
-
 def test_fit_to_column_shrinks_and_raises_small_text():
     import matplotlib.pyplot as plt
     from fedsteer_lib.book.figures import style
@@ -75,14 +61,6 @@ def test_fit_to_column_shrinks_and_raises_small_text():
     assert fig.get_size_inches()[0] == pytest.approx(style.COLUMN_WIDTH)
     assert _texts_at_least(fig, style.MIN_FONT)
     plt.close(fig)
-
-
-def test_colour_limits_ignore_outliers():
-    from fedsteer_lib.book.figures.style import robust_limits, symmetric_limit
-    values = np.concatenate([np.linspace(-1, 1, 500), [1e6]])
-    lo, hi = robust_limits(values)
-    assert -1 <= lo < 0 < hi <= 1
-    assert symmetric_limit(values) <= 1 and symmetric_limit([0.0, np.nan]) == 1.0
 
 
 def test_highlight_colours_are_shared_by_the_results_figures():

@@ -72,26 +72,6 @@ def test_by_role():
     assert methods.by_role(table.iloc[:0], "fedsteer").empty
 
 
-def test_clean_label_and_names():
-    assert methods.clean_label(method("fedsteer", core_size=5, lam=0.0, refresh_every=5, warmup_cycles=2)) == \
-        "fedsteer(core_size=5, lam=0.0, refresh_every=5)"
-    assert methods.clean_label(method("fedsteer", warmup_cycles=2)) == "fedsteer"
-    assert methods.clean_label(method("fedvarp", warmup_cycles=2)) == "fedvarp(warmup_cycles=2)"
-    assert methods.clean_label(method("fedstale")) == "fedstale(beta=0.7)"
-    assert methods.clean_label(method("fedstale", beta=0.5)) == "fedstale(beta=0.5)"
-    table = _table([method("fedsteer", lam=0.0, warmup_cycles=2), method("fedstale")])
-    assert methods.clean_labels(table).tolist() == ["fedsteer(lam=0.0)", "fedstale(beta=0.7)"]
-    assert methods.table_name(method("fedsteer", refresh_every=5), "fmnist") == "FedSteer (enforce=5)"
-    assert methods.table_name(method("fedstale", beta=0.6), "fmnist") == "FedStale (β=0.6)"
-    assert methods.table_name(method("fedsteer", core_size=10), "fmnist") == "FedSteer (|X|=10)"
-    assert methods.display_name("fedsteer(core_size=10, lam=0.0, refresh_every=5)") == "FedSteer (|X|=10, λ=0.0, enforce=5)"
-    assert methods.method_display("fedstale") == "FedStale (β=0.7)"
-    assert methods.method_order(["fedprox", "fedsteer(lam=0.0)", "full", "fedsteer", "zzz"]) == \
-        ["full", "fedsteer", "fedsteer(lam=0.0)", "fedprox", "zzz"]
-    colours = methods.palette(["full", "fedsteer", "fedavg"])
-    assert colours["full"] == (0.0, 0.0, 0.0) and colours["fedsteer"] != colours["fedavg"]
-
-
 # ----------------------------------------------------------------------------- book/methods.md
 def _markdown_tables(text: str) -> dict[str, list[list[str]]]:
     """The pipe tables of a Markdown text, by their header row's second cell: body rows as cells."""

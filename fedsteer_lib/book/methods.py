@@ -31,9 +31,7 @@ from ..experiments.registry import display_name as registered_name
 from ..experiments.results import METHOD_PARAMETERS
 
 __all__ = [
-    "ROLES", "ROLE_NAMES", "BASELINES", "FEDSTEER_ROLES", "role", "method_specs", "roles", "by_role", "clean_label",
-    "clean_labels", "label_without_warmup", "table_name", "display_name", "method_order", "palette",
-    "method_display",
+    "ROLES", "ROLE_NAMES", "BASELINES", "FEDSTEER_ROLES", "role", "method_specs", "roles", "by_role", "clean_label", "label_without_warmup", "table_name", "display_name", "method_order", "palette",
 ]
 
 # Table 1's rows, their names and the method names all come from `experiments.registry`.
@@ -140,11 +138,6 @@ def clean_label(spec: MethodSpec) -> str:
     return spec.label
 
 
-def clean_labels(table: pd.DataFrame) -> pd.Series:
-    """`clean_label` of every row of a runs or history table."""
-    return method_specs(table).map(clean_label)
-
-
 def table_name(spec: MethodSpec, dataset: str | None = None) -> str:
     """A method's name for reading: its Table 1 name where it has a role (FedStale with its β),
     else `display_name` of its `clean_label`."""
@@ -164,14 +157,6 @@ def display_name(label: str) -> str:
     args = rest.rstrip(")").replace("beta=", "β=").replace("lam=", "λ=").replace("core_size=", "|X|=")
     args = args.replace("refresh_every=", "enforce=")
     return f"{pretty} ({args})"
-
-
-def method_display(label: str) -> str:
-    """`display_name`, plus FedStale's beta when it is the default (the label omits it):
-    'fedstale' -> 'FedStale (β=0.7)'."""
-    if label == "fedstale":
-        return f"{display_name(label)} (β={METHODS['fedstale']['beta']})"
-    return display_name(label)
 
 
 def method_order(labels: Iterable[str]) -> list[str]:

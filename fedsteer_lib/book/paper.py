@@ -22,7 +22,7 @@ from .methods import ROLE_NAMES
 
 __all__ = [
     "PaperNumber", "PAPER", "PaperStatement", "PAPER_STATEMENTS", "HEADLINE_FEDSTEER", "CONTRIB_NOTE", "NUM_CLASSES",
-    "DATASET_NAMES", "plain", "paper_table", "paper_value", "paper_value_for",
+    "DATASET_NAMES", "plain", "paper_table", "paper_value_for",
 ]
 
 NUM_CLASSES: dict[str, int] = {"fmnist": 10, "emnist": 47, "cifar10": 10}  # EMNIST: `balanced` split
@@ -164,14 +164,6 @@ def paper_table(datasets: Iterable[str | None] | None = None, quantities: Iterab
                      "quantity": p.quantity, "method": ROLE_NAMES.get(p.role, "—") if p.role else "—",
                      "paper": p.text, "section": p.section, "sentence": plain(p.quote), "note": p.note})
     return pd.DataFrame(rows)
-
-
-def paper_value(key: str) -> float:
-    """The value of one `PAPER` entry by key (KeyError if absent)."""
-    for p in PAPER:
-        if p.key == key:
-            return p.value
-    raise KeyError(key)
 
 
 def paper_value_for(dataset: str | None, gamma: float | None, quantity: str, r: str | None) -> float:

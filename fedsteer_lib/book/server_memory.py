@@ -7,16 +7,14 @@ measured memory).
 """
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 import torch
 
 from ..experiments.config import MethodSpec
 from ..experiments.registry import make_strategy
 from ..strategy import ServerContext
-from .methods import clean_label, display_name, method_specs
 
-__all__ = ["state_bytes", "memory_formula", "run_memory_table"]
+
+__all__ = ["state_bytes", "memory_formula"]
 
 
 def state_bytes(spec: MethodSpec, num_clients: int, dim: int, device: str | torch.device = "meta") -> int:
@@ -51,20 +49,3 @@ def memory_formula(name: str, num_clients: int, dim: int, k: int | None = None) 
     raise ValueError(f"no memory formula for method {name!r}")
 
 
-def run_memory_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Server memory per run label (bytes, MiB), as measured at the end of the runs, and FedVARP's
-    O(N d) memory over it. `label` is the label for reading (`methods.clean_label`), `method` its
-    display name, `core_size` FedSteer's |X| (NaN for the other methods)."""
-    if runs.empty:
-        return pd.DataFrame(columns=["label", "method", "core_size", "bytes", "MiB", "fedvarp_over_this"])
-    g = runs.groupby("label", sort=False)["server_memory_bytes"].max().reset_index()
-    specs = list(method_specs(runs.drop_duplicates("label")))  # one per row of g, in the same order
-    varp = g.loc[[s.name == "fedvarp" for s in specs], "server_memory_bytes"]
-    ref = float(varp.max()) if not varp.empty else float("nan")
-    g["label"] = [clean_label(s) for s in specs]
-    g["method"] = g["label"].map(display_name)
-    g["core_size"] = [float(s.get("core_size")) if s.name == "fedsteer" else np.nan for s in specs]
-    g["MiB"] = g["server_memory_bytes"] / 2**20
-    g["fedvarp_over_this"] = ref / g["server_memory_bytes"].replace(0, np.nan)
-    g = g.rename(columns={"server_memory_bytes": "bytes"})
-    return g[["label", "method", "core_size", "bytes", "MiB", "fedvarp_over_this"]]

@@ -21,11 +21,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .methods import method_order, method_specs, roles, table_name
-from .paper import NUM_CLASSES
+from .methods import roles
 
-__all__ = ["summarize", "format_pct", "counted", "collapse_counts", "paired_comparison", "family_verdicts",
-           "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "tested_verdicts", "t_critical", "mean_ci",
+__all__ = ["summarize", "format_pct", "counted",
+           "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "t_critical", "mean_ci",
            "one_sample_t_test"]
 
 # Verdict words need at least this many paired seeds; fewer are shown as indicative only.
@@ -61,48 +60,6 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun if n == 1 else noun + 's'}"
 
 
-def collapse_counts(runs: pd.DataFrame, chance_factor: float = 1.5) -> pd.DataFrame:
-    """Per (dataset, gamma, label): runs, runs stopped on a non-finite update (`collapsed`),
-    and runs whose final accuracy is below `chance_factor` x chance (the paper's sense of
-    collapse: SCAFFOLD / FedProx at 0.048 / 0.051 on EMNIST's 47 classes)."""
-    if runs.empty:
-        return pd.DataFrame(columns=["dataset", "gamma", "label", "method", "runs", "non_finite", "near_chance"])
-    r = runs.copy()
-    chance = r["dataset"].map(NUM_CLASSES).rdiv(1.0)
-    r["near_chance"] = r["final_accuracy"].isna() | (r["final_accuracy"] < chance_factor * chance)
-    g = r.groupby(["dataset", "gamma", "label"], sort=False)
-    out = g.agg(runs=("seed", "count"), non_finite=("collapsed", "sum"), near_chance=("near_chance", "sum")).reset_index()
-    out["non_finite"] = out["non_finite"].astype(int)
-    out["near_chance"] = out["near_chance"].astype(int)
-    first = r.drop_duplicates(["dataset", "gamma", "label"])  # the groups, in order of appearance
-    out["method"] = [table_name(s, ds) for s, ds in zip(method_specs(first), first["dataset"])]
-    order = {lab: i for i, lab in enumerate(method_order(out["label"]))}
-    out = out.sort_values(["dataset", "gamma", "label"], key=lambda c: c.map(order) if c.name == "label" else c)
-    return out[["dataset", "gamma", "label", "method", "runs", "non_finite", "near_chance"]].reset_index(drop=True)
-
-
-def paired_comparison(a_runs: pd.DataFrame, b_runs: pd.DataFrame, a_name: str, b_name: str,
-                      metric: str = "final_accuracy") -> pd.DataFrame:
-    """a vs b per (dataset, gamma), paired by seed: n, the means of a and b (columns named
-    `a_name`, `b_name`) and their stds ("std a", "std b"), the mean difference a − b, its
-    standard error, how many seeds a wins, the paired t-test's two-sided p ("p", NaN below two
-    seeds), the per-seed differences ("differences") and the names ("pair"). No verdict: that
-    needs the whole family of comparisons (`family_verdicts`). Each of a_runs / b_runs must hold
-    one label per (dataset, gamma)."""
-    cols = ["dataset", "gamma", "seed", metric]
-    m = a_runs[cols].merge(b_runs[cols], on=["dataset", "gamma", "seed"], suffixes=("_a", "_b"))
-    rows = []
-    for (dataset, gamma), grp in m.groupby(["dataset", "gamma"], sort=True):
-        grp = grp.sort_values("seed")
-        a, b = grp[f"{metric}_a"], grp[f"{metric}_b"]
-        test = paired_t_test((a - b).tolist())
-        rows.append({"dataset": dataset, "gamma": float(gamma), "comparison": f"{a_name} vs {b_name}",
-                     "n": len(grp), a_name: a.mean(), b_name: b.mean(), "std a": _std(a), "std b": _std(b),
-                     "difference": test["mean"], "s.e.": test["se"], "wins": f"{int((a > b).sum())}/{len(grp)}",
-                     "p": test["p"], "differences": tuple((a - b).tolist()), "pair": (a_name, b_name)})
-    return pd.DataFrame(rows)
-
-
 def _word(n: int, mean: float, p_holm: float, higher: str, lower: str, same: str = "no clear difference",
           alpha: float = ALPHA) -> str:
     """The verdict a test allows: `higher` / `lower` when the Holm-adjusted p < alpha with at
@@ -113,23 +70,6 @@ def _word(n: int, mean: float, p_holm: float, higher: str, lower: str, same: str
     if p_holm == p_holm and p_holm < alpha:
         return higher if mean > 0 else lower
     return same
-
-
-def family_verdicts(comparisons: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
-    """`paired_comparison` rows taken as one family: Holm's adjustment of their p-values over the
-    rows with at least MIN_SEEDS_FOR_VERDICT seeds ("p_holm"; NaN for the others, which do not
-    enter the family), "significant" (p_holm < alpha) and the verdict ("a higher than b", "a
-    lower than b", "no clear difference between a and b" or "indicative (n = 2, no test)")."""
-    out = comparisons.reset_index(drop=True).copy()
-    if out.empty:
-        return out.assign(p_holm=[], significant=[], verdict=[])
-    tested = out["n"] >= MIN_SEEDS_FOR_VERDICT
-    out["p_holm"] = holm([p if t else float("nan") for p, t in zip(out["p"], tested)])
-    out["significant"] = out["p_holm"] < alpha
-    out["verdict"] = [_word(n, d, ph, f"{a} higher than {b}", f"{a} lower than {b}",
-                            f"no clear difference between {a} and {b}", alpha)
-                      for n, d, ph, (a, b) in zip(out["n"], out["difference"], out["p_holm"], out["pair"])]
-    return out
 
 
 def t_two_sided_p(t: float, df: int) -> float:
@@ -215,15 +155,3 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
-def tested_verdicts(diffs_by_comparison: Sequence[Sequence[float]], a: str = "FedSteer",
-                    alpha: float = ALPHA) -> pd.DataFrame:
-    """One family of paired comparisons (each a list of per-seed differences a - b): paired
-    t-test, Holm-adjusted p over the family, and the verdict it allows: "a higher" / "a lower"
-    when the adjusted p < alpha with at least MIN_SEEDS_FOR_VERDICT seeds, "no clear difference"
-    otherwise, "indicative (n = 2, no test)" below that many seeds (those do not enter the family).
-    An empty family gives an empty table with the same columns."""
-    tests = [paired_t_test(d) for d in diffs_by_comparison]
-    adjusted = holm([t["p"] if t["n"] >= MIN_SEEDS_FOR_VERDICT else float("nan") for t in tests])
-    return pd.DataFrame([{**t, "p_holm": adj, "verdict": _word(t["n"], t["mean"], adj, f"{a} higher", f"{a} lower",
-                                                                alpha=alpha)}
-                         for t, adj in zip(tests, adjusted)], columns=["n", "mean", "se", "t", "p", "p_holm", "verdict"])

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from IPython.display import Markdown
 from pandas.io.formats.style import Styler
 
-__all__ = ["readable_value", "mean_std_text", "readable_table", "table_or_note", "fmt_acc", "fmt_pct", "fmt_p",
+__all__ = ["readable_value", "readable_table", "fmt_acc", "fmt_pct", "fmt_p",
            "fmt_interval", "MISSING"]
 
 MISSING = "—"
@@ -80,16 +79,6 @@ def fmt_interval(lo: Any, hi: Any, pct: bool = True) -> str:
     return f"[{f(lo)}, {f(hi)}]".replace("-", "−")
 
 
-def mean_std_text(mean: float, std: float, n: int, digits: int = 3, *, with_n: bool = True) -> str:
-    """"mean ± std (n = …)" with both numbers to `digits` significant digits; the std is "—" when
-    n < 2 or it is missing, the whole cell "—" when the mean is. Without " (n = …)" when not
-    `with_n` (a table with its own n column)."""
-    if mean is None or mean != mean:
-        return MISSING
-    spread = readable_value(std, digits) if n >= 2 else MISSING
-    return f"{readable_value(mean, digits)} ± {spread}" + (f" (n = {n})" if with_n else "")
-
-
 def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False, uuid: str | None = None) -> Styler:
     """A Styler of `table` with every cell through `readable_value`, the index hidden (kept as
     columns first when `index`), and a fixed `uuid` so that the HTML is the same on every run
@@ -100,7 +89,3 @@ def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False,
     return styler.set_uuid(uuid or f"t{digest}")
 
 
-def table_or_note(table: pd.DataFrame, note: str) -> Styler | Markdown:
-    """`table` with its index hidden, or, when it has no rows, `note` as Markdown: a page says why
-    a table is empty instead of showing an empty one."""
-    return Markdown(note) if table.empty else table.style.hide(axis="index")

@@ -6,6 +6,6 @@ share. A figure only one chapter draws is defined in that chapter's notebook.
 Every function takes tidy tables (pandas) or tensors and draws on the matplotlib axes it is given
 (or returns the Figure it drew). Figure modules import the table modules, never the reverse.
 """
-from . import accuracy, conventions, paper_comparison, server_memory, style
+from . import accuracy, style
 
-__all__ = ["accuracy", "conventions", "paper_comparison", "server_memory", "style"]
+__all__ = ["accuracy", "style"]

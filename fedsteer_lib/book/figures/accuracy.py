@@ -22,10 +22,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..methods import BASELINES
-from ..stats import counted
+
 from .style import column_figure, fit_to_column, highlight_colours
 
-__all__ = ["role_legend_names", "cadence_curve", "plot_accuracy_by_gamma", "plot_convergence",
+__all__ = ["role_legend_names", "cadence_curve",
            "plot_table1_bars"]
 
 _MUTED = "#a3a3a3"
@@ -113,39 +113,6 @@ def _draw_panel(ax: plt.Axes, curves: pd.DataFrame, t1_gamma: pd.DataFrame, metr
         handles.append(Line2D([], [], color=_MUTED, lw=0.9, label="other methods"))
     ax.legend(handles=handles + marks, loc="upper center", bbox_to_anchor=(0.5, -0.24 if bottom else -0.06), ncol=2,
               frameon=False, columnspacing=1.0, handlelength=1.6)
-
-
-def plot_accuracy_by_gamma(curves: pd.DataFrame, t1: pd.DataFrame, *, eval_every: int,
-                           metric: str = "accuracy") -> plt.Figure:
-    """Fig. 4: test `metric` vs round of Table 1's rows (FedStale at its best beta), one panel
-    per gamma, mean over seeds (± std as a band for the coloured methods)."""
-    gammas = sorted(t1["gamma"].unique())
-    fig, axes = column_figure(len(gammas), 1, height=3.6 * len(gammas), sharex=True)
-    for ax, gamma in zip(axes[:, 0], gammas):
-        sub = curves[np.isclose(curves["gamma"], gamma)]
-        _draw_panel(ax, sub, t1[np.isclose(t1["gamma"], gamma)], metric, eval_every, gamma == gammas[-1])
-        seeds = sub["seed"].nunique()
-        ax.set_title(f"γ = {gamma:g} ({counted(seeds, 'seed')})")
-        ax.set_ylabel(f"test {metric}")
-    axes[-1, 0].set_xlabel("round")
-    return fit_to_column(fig)
-
-
-def plot_convergence(curves: pd.DataFrame, t1: pd.DataFrame, gamma: float, *, eval_every: int) -> plt.Figure:
-    """Fig. 6/7: convergence at one gamma of Table 1's rows (full participation included):
-    test accuracy (top) and test loss (bottom) vs round, mean over seeds."""
-    sub = curves[np.isclose(curves["gamma"], gamma)]
-    rows = t1[np.isclose(t1["gamma"], gamma)]
-    fig, axes = column_figure(2, 1, height=7.2, sharex=True)
-    for ax, metric, name in zip(axes[:, 0], ("accuracy", "loss"), ("test accuracy", "test loss (cross-entropy)")):
-        _draw_panel(ax, sub, rows, metric, eval_every, metric == "loss")
-        ax.set_ylabel(name)
-        ax.set_title(f"{name} at γ = {gamma:g}")
-    finite = sub.loc[sub["label"].isin(rows["label"]), "loss"].replace([np.inf, -np.inf], np.nan).dropna()
-    if not finite.empty:
-        axes[1, 0].set_ylim(0, min(float(finite.quantile(0.98)) * 1.1, float(finite.max()) * 1.05))
-    axes[-1, 0].set_xlabel("round")
-    return fit_to_column(fig)
 
 
 def plot_table1_bars(t1: pd.DataFrame, runs: pd.DataFrame, *, metric: str = "final_accuracy") -> plt.Figure:

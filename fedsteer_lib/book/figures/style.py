@@ -12,7 +12,7 @@ import seaborn as sns
 from matplotlib.text import Text
 
 __all__ = ["CB", "RED", "GROUP_COLOURS", "KIND_COLOURS", "COLUMN_WIDTH", "MIN_FONT", "column_figure",
-           "fit_to_column", "robust_limits", "symmetric_limit", "highlight_colours", "method_style", "label_line_ends",
+           "fit_to_column", "symmetric_limit", "highlight_colours", "method_style", "label_line_ends",
            "colorbar"]
 
 CB = sns.color_palette("colorblind", 8)
@@ -69,17 +69,6 @@ def highlight_colours(keys: Sequence[str], best: str | None = None) -> dict[str,
         elif key == best:
             out[key] = CB[2]
     return out
-
-
-def robust_limits(values: Iterable[float] | np.ndarray, lower: float = 2.0, upper: float = 98.0) -> tuple[float, float]:
-    """Colour limits at the `lower` and `upper` percentiles of the finite `values`, so that a few
-    outliers do not flatten the rest of a colour scale; (0, 1) when there is nothing finite."""
-    v = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel()
-    v = v[np.isfinite(v)]
-    if not len(v):
-        return 0.0, 1.0
-    lo, hi = np.percentile(v, [lower, upper])
-    return (float(lo), float(hi)) if hi > lo else (float(lo) - 0.5, float(lo) + 0.5)
 
 
 def symmetric_limit(values: Iterable[float] | np.ndarray, percentile: float = 98.0) -> float:
