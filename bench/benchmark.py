@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedsteer_lib.experiments.config import METHODS, FLSystem, RunConfig, TUNED, method  # noqa: E402
+from fedsteer_lib.experiments.config import METHOD_DEFAULTS, FLSystem, RunConfig, TUNED, method  # noqa: E402
 from fedsteer_lib.simulator.engine import prepare, run  # noqa: E402
 from fedsteer_lib.simulator.models import build_model, num_parameters  # noqa: E402
 from fedsteer_lib.experiments.registry import make_strategy  # noqa: E402
@@ -128,7 +128,7 @@ def main() -> None:
         meta = ServerContext(weights=torch.full((n,), 1 / n), probs=torch.full((n,), 0.1), dim=dim,
                              device=torch.device("meta"), client_lr=0.05)
         row = {}
-        for name in sorted(METHODS):
+        for name in sorted(METHOD_DEFAULTS):
             kw = {"core_size": 40 if dname == "fmnist" else 10} if name == "fedsteer" else {}
             s = make_strategy(method(name, **kw))
             row[name] = s.memory_bytes(s.init_state(meta))
@@ -140,7 +140,7 @@ def main() -> None:
     base = RunConfig(system=FLSystem(gamma=0.9), training=TUNED["fmnist"].__class__(
         **{**TUNED["fmnist"].__dict__, "rounds": 3, "eval_every": 3, "eval_last": 0}))
     sim = prepare(base)
-    for name in sorted(METHODS):
+    for name in sorted(METHOD_DEFAULTS):
         kw = {"warmup_cycles": 1} if name == "fedsteer" else {}
         res = run(base.replace(method=method(name, **kw)), progress=False, sim=sim)
         t = res.summary["timing"]

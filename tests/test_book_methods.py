@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book import methods
-from fedsteer_lib.experiments.config import METHODS, method, paper_methods
+from fedsteer_lib.experiments.config import METHOD_DEFAULTS, method, paper_methods
 from fedsteer_lib.experiments.results import METHOD_PARAMETERS, method_columns
 
 
@@ -41,16 +41,16 @@ def test_role(spec, dataset, expected):
 def test_paper_methods_cover_every_role():
     for dataset in ("fmnist", "emnist", "cifar10"):
         roles = [methods.role(m, dataset) for m in paper_methods(dataset)]
-        assert set(roles) == set(methods.ROLES)
+        assert set(roles) == set(methods.TABLE1_ROLES)
         assert roles.count("fedstale") == 5
         assert methods.roles(_table(paper_methods(dataset), dataset)).tolist() == roles
 
 
 def test_method_columns_and_specs_round_trip():
-    assert list(METHOD_PARAMETERS) == list(dict.fromkeys(k for p in METHODS.values() for k in p))
+    assert list(METHOD_PARAMETERS) == list(dict.fromkeys(k for p in METHOD_DEFAULTS.values() for k in p))
     cols = method_columns(method("fedsteer", core_size=10, lam=0.0))
     assert cols["core_size"] == 10 and isinstance(cols["core_size"], int) and cols["lam"] == 0.0
-    assert cols["refresh_every"] == 1  # the METHODS default
+    assert cols["refresh_every"] == 1  # the METHOD_DEFAULTS default
     assert cols["beta"] is None and cols["mu"] is None  # not parameters of fedsteer
     specs = [method("fedsteer", core_size=10, lam=0.0), method("fedsteer"), method("fedsteer", ordering="as_written"),
              method("fedstale", beta=0.5), method("fedavg"), method("fedprox", mu=0.5), method("mifa", start="wait_all")]

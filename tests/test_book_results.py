@@ -96,7 +96,7 @@ def test_table1_means_std_and_best_beta(t1):
     stale7 = t1[(t1["gamma"] == 0.7) & (t1["role"] == "fedstale")].iloc[0]
     assert stale7["label"] == "fedstale(beta=0.9)"
     # one row per role and gamma, in ROLES order; no paper number at γ=0.7
-    assert list(t1[t1["gamma"] == 0.9]["role"]) == list(methods.ROLES)
+    assert list(t1[t1["gamma"] == 0.9]["role"]) == list(methods.TABLE1_ROLES)
     assert t1[t1["gamma"] == 0.7]["paper"].isna().all()
     # FedProx at 0.9 has one finite seed of two and one collapse
     prox = t1[(t1["gamma"] == 0.9) & (t1["role"] == "fedprox")].iloc[0]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fedsteer_lib.experiments.config import METHODS, Diagnostics, FLSystem, RunConfig, Training, method
+from fedsteer_lib.experiments.config import METHOD_DEFAULTS, Diagnostics, FLSystem, RunConfig, Training, method
 from fedsteer_lib.simulator.engine import prepare, run
 
 SMALL = FLSystem(num_clients=20, gamma=0.7)
@@ -84,7 +84,7 @@ def sim100():
     return prepare(_config().replace(system=FLSystem(gamma=0.7)))
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", sorted(METHOD_DEFAULTS))
 def test_every_method_beats_chance_on_fashion_mnist(sim100, name):
     """The paper's system (N=100, gamma=0.7), 12 rounds of one local epoch (3 for full
     participation, whose every round trains all 100 clients)."""

@@ -198,9 +198,9 @@ def test_fedprox_and_full_participation(ctx):
 
 
 def test_every_method_is_registered_and_reports_memory(ctx):
-    from fedsteer_lib.experiments.config import METHODS
+    from fedsteer_lib.experiments.config import METHOD_DEFAULTS
 
-    assert set(REGISTRY) == set(METHODS)
+    assert set(REGISTRY) == set(METHOD_DEFAULTS)
     big = ServerContext(weights=torch.full((100,), 0.01), probs=torch.full((100,), 0.1), dim=1000,
                         device=torch.device("cpu"), client_lr=0.1)
     varp = make_strategy(method("fedvarp"))

@@ -6,12 +6,12 @@ A run's method is read from its table's columns: `results.runs_table` and `resul
 carry `method` and one column per method parameter (`results.METHOD_PARAMETERS`);
 `method_specs` turns those columns back into `config.MethodSpec`s, and `role` / `clean_label` /
 `table_name` work on specs. Nothing is parsed back from a label string. The `label` column
-stays for display: `display_name`, `method_order`, `palette` and `method_display` turn label
+stays for display: `label_name`, `method_order`, `palette` and `method_display` turn label
 strings into names, an order and colours (Table 1, Fig. 4-7, chapter 5's variance figures).
 
 Roles
 -----
-A method's *role* is its row in Table 1 (`ROLES`): "fedsteer", "fedsteer_enforce5", "fedavg",
+A method's *role* is its row in Table 1 (`TABLE1_ROLES`): "fedsteer", "fedsteer_enforce5", "fedavg",
 "fedstale", ...; `role(spec, dataset)` maps a method to it (warm-up length and the data set's
 default |X| and lambda do not change the role; any other variant has none).
 """
@@ -24,21 +24,20 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from ..experiments.config import DATASET_DEFAULTS, METHODS, MethodSpec, method
+from ..experiments.config import DATASET_DEFAULTS, METHOD_DEFAULTS, MethodSpec, method
 from ..experiments.registry import METHODS as REGISTRY
 from ..experiments.registry import TABLE1_ROLES, role_of
 from ..experiments.registry import display_name as registered_name
 from ..experiments.results import METHOD_PARAMETERS
 
 __all__ = [
-    "ROLES", "ROLE_NAMES", "BASELINES", "FEDSTEER_ROLES", "role", "method_specs", "roles", "by_role", "clean_label", "label_without_warmup", "table_name", "display_name", "method_order", "palette",
+    "ROLE_NAMES", "label_name", "BASELINES", "FEDSTEER_ROLES", "role", "method_specs", "roles", "by_role", "clean_label", "label_without_warmup", "table_name", "method_order", "palette",
 ]
 
 # Table 1's rows, their names and the method names all come from `experiments.registry`.
-ROLES: tuple[str, ...] = TABLE1_ROLES
-ROLE_NAMES: dict[str, str] = {r: registered_name(r) for r in ROLES}
-FEDSTEER_ROLES: tuple[str, ...] = tuple(r for r in ROLES if r.startswith("fedsteer"))
-BASELINES: tuple[str, ...] = tuple(r for r in ROLES if r not in FEDSTEER_ROLES and r != "full")
+ROLE_NAMES: dict[str, str] = {r: registered_name(r) for r in TABLE1_ROLES}
+FEDSTEER_ROLES: tuple[str, ...] = tuple(r for r in TABLE1_ROLES if r.startswith("fedsteer"))
+BASELINES: tuple[str, ...] = tuple(r for r in TABLE1_ROLES if r not in FEDSTEER_ROLES and r != "full")
 
 _NAMES = {name: info.display for name, info in REGISTRY.items()}
 _ORDER = list(REGISTRY)  # the registry lists the methods in the book's order
@@ -46,8 +45,8 @@ _ORDER = list(REGISTRY)  # the registry lists the methods in the book's order
 
 # ------------------------------------------------------------------------------ a run's method
 def _changed(spec: MethodSpec) -> set[str]:
-    """The parameters of `spec` that differ from `config.METHODS`' defaults."""
-    return {k for k, default in METHODS.get(spec.name, {}).items() if spec.get(k) != default}
+    """The parameters of `spec` that differ from `config.METHOD_DEFAULTS`' defaults."""
+    return {k for k, default in METHOD_DEFAULTS.get(spec.name, {}).items() if spec.get(k) != default}
 
 
 def role(spec: MethodSpec, dataset: str | None = None) -> str | None:
@@ -61,7 +60,7 @@ def role(spec: MethodSpec, dataset: str | None = None) -> str | None:
     else:
         expected = {}
     r = role_of(spec.name, dict(spec.params), expected)
-    return r if r in ROLES else None
+    return r if r in TABLE1_ROLES else None
 
 
 def _value(default: Any, value: Any) -> Any:
@@ -77,7 +76,7 @@ def _value(default: Any, value: Any) -> Any:
 
 
 def _spec(name: str, values: tuple) -> MethodSpec:
-    own = METHODS[name]
+    own = METHOD_DEFAULTS[name]
     params = {k: _value(own[k], v) for k, v in zip(METHOD_PARAMETERS, values) if k in own}
     return method(name, **{k: v for k, v in params.items() if v is not None})
 
@@ -118,7 +117,7 @@ def by_role(runs: pd.DataFrame, r: str) -> pd.DataFrame:
 def label_without_warmup(spec: MethodSpec) -> str:
     """The method's label without its warm-up length (which only the profile sets), e.g.
     fedsteer with refresh_every=5, warmup_cycles=2 -> 'fedsteer(refresh_every=5)'."""
-    own = METHODS[spec.name]
+    own = METHOD_DEFAULTS[spec.name]
     if "warmup_cycles" not in own:
         return spec.label
     params = tuple((k, own[k] if k == "warmup_cycles" else v) for k, v in spec.params)
@@ -140,15 +139,15 @@ def clean_label(spec: MethodSpec) -> str:
 
 def table_name(spec: MethodSpec, dataset: str | None = None) -> str:
     """A method's name for reading: its Table 1 name where it has a role (FedStale with its β),
-    else `display_name` of its `clean_label`."""
+    else `label_name` of its `clean_label`."""
     r = role(spec, dataset)
     if r is None or r == "fedstale":
-        return display_name(clean_label(spec))
+        return label_name(clean_label(spec))
     return ROLE_NAMES[r]
 
 
 # ------------------------------------------------------------------------------ labels for display
-def display_name(label: str) -> str:
+def label_name(label: str) -> str:
     """'fedstale(beta=0.7)' -> 'FedStale (β=0.7)', 'fedsteer(refresh_every=5)' -> 'FedSteer (enforce=5)'."""
     name, _, rest = label.partition("(")
     pretty = _NAMES.get(name, name)

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 
-from .methods import BASELINES, FEDSTEER_ROLES, ROLE_NAMES, ROLES, method_specs
+from .methods import BASELINES, FEDSTEER_ROLES, ROLE_NAMES, TABLE1_ROLES, method_specs
 from .paper import HEADLINE_FEDSTEER, paper_value_for
 from .stats import format_pct, mean_ci, summarize
 
@@ -38,7 +38,7 @@ def table1(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
     number where its text quotes one, and ours - paper.
 
     FedStale's row is the beta with the best mean (test) accuracy; `beta` holds it (NaN in the
-    other rows), `selected_by_test` marks it and `note` says so. Rows are in `ROLES` order; a
+    other rows), `selected_by_test` marks it and `note` says so. Rows are in `TABLE1_ROLES` order; a
     role with no run is left out.
     """
     s = summarize(runs, metric)
@@ -48,7 +48,7 @@ def table1(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFrame:
         first = runs.drop_duplicates("label")
         spec_of = dict(zip(first["label"], method_specs(first)))
     for (dataset, gamma), grp in s.groupby(["dataset", "gamma"], sort=True):
-        for r in ROLES:
+        for r in TABLE1_ROLES:
             cand = grp[grp["role"] == r]
             if cand.empty:
                 continue
@@ -84,7 +84,7 @@ def table1_reading(t1: pd.DataFrame) -> pd.DataFrame:
     model they end with); FedStale's names its β (chosen on test accuracy, as the paper does)."""
     if t1.empty:
         return pd.DataFrame()
-    out = pd.DataFrame({"method": [ROLE_NAMES[r] for r in ROLES if ROLE_NAMES[r] in set(t1["method"])]})
+    out = pd.DataFrame({"method": [ROLE_NAMES[r] for r in TABLE1_ROLES if ROLE_NAMES[r] in set(t1["method"])]})
     for gamma, grp in t1.groupby("gamma", sort=False):
         grp = grp.set_index("method")
         n = int(grp["n"].max())

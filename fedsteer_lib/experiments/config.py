@@ -26,14 +26,14 @@ from ..strategy import Strategy
 from .registry import METHODS as REGISTRY
 
 __all__ = [
-    "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHODS", "PROFILES",
+    "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHOD_DEFAULTS", "PROFILES",
     "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile", "LATE_DEFAULTS",
     "framework_methods", "regime_methods", "BATCH_STREAMS", "PRECISIONS", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
 ]
 
 
 # Each method's parameters with their defaults (from the registry).
-METHODS: dict[str, dict[str, Any]] = {name: info.defaults for name, info in REGISTRY.items()}
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {name: info.defaults for name, info in REGISTRY.items()}
 # Parameters added after results were first cached: left out of a run's key while at their
 # default, so that earlier results keep their names.
 LATE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -42,22 +42,22 @@ LATE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method name and its parameters (see METHODS for the defaults)."""
+    """A method name and its parameters (see METHOD_DEFAULTS for the defaults)."""
 
     name: str
     params: tuple[tuple[str, Any], ...] = ()
 
     def get(self, key: str) -> Any:
-        return dict(self.params).get(key, METHODS[self.name].get(key))
+        return dict(self.params).get(key, METHOD_DEFAULTS[self.name].get(key))
 
     @property
     def label(self) -> str:
         """A short human-readable label, e.g. 'fedstale(beta=0.7)'."""
-        nondefault = [(k, v) for k, v in self.params if METHODS[self.name].get(k) != v]
+        nondefault = [(k, v) for k, v in self.params if METHOD_DEFAULTS[self.name].get(k) != v]
         return self.name + ("(" + ", ".join(f"{k}={v}" for k, v in nondefault) + ")" if nondefault else "")
 
     def validate(self, num_clients: int) -> None:
-        check(self.name in METHODS, "method", f"one of {sorted(METHODS)}", self.name)
+        check(self.name in METHOD_DEFAULTS, "method", f"one of {sorted(METHOD_DEFAULTS)}", self.name)
         allowed = REGISTRY[self.name].params
         for key, _ in self.params:
             check(key in allowed, f"{self.name} parameter", f"one of {sorted(allowed) or '(none)'}", key)
@@ -73,12 +73,12 @@ class MethodSpec:
 
 def method(name: str, **params: Any) -> MethodSpec:
     """Build a MethodSpec, e.g. `method("fedsteer", core_size=40, lam=0.5)`."""
-    if name not in METHODS:
-        raise ConfigError(f"method must be one of {sorted(METHODS)}, got {name!r}")
-    unknown = sorted(set(params) - set(METHODS[name]))
+    if name not in METHOD_DEFAULTS:
+        raise ConfigError(f"method must be one of {sorted(METHOD_DEFAULTS)}, got {name!r}")
+    unknown = sorted(set(params) - set(METHOD_DEFAULTS[name]))
     if unknown:
-        raise ConfigError(f"{name} parameter must be one of {sorted(METHODS[name]) or '(none)'}, got {unknown}")
-    return MethodSpec(name, tuple(sorted({**METHODS[name], **params}.items())))
+        raise ConfigError(f"{name} parameter must be one of {sorted(METHOD_DEFAULTS[name]) or '(none)'}, got {unknown}")
+    return MethodSpec(name, tuple(sorted({**METHOD_DEFAULTS[name], **params}.items())))
 
 
 BATCH_STREAMS = ("shared", "per_client")  # RunConfig.batch_stream's values
@@ -132,7 +132,7 @@ class RunConfig:
 
     def to_dict(self, with_device: bool = True) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["method"] = {"name": self.method.name, **{k: self.method.get(k) for k in METHODS[self.method.name]}}
+        d["method"] = {"name": self.method.name, **{k: self.method.get(k) for k in METHOD_DEFAULTS[self.method.name]}}
         if not with_device:  # how a run was executed is provenance, not part of its identity
             d.pop("device")
             d.pop("client_batch")

@@ -34,7 +34,7 @@ import torch
 
 from .. import numerics
 from ..simulator.engine import RunResult
-from .config import METHODS, MethodSpec, Profile, RunConfig, get_profile
+from .config import METHOD_DEFAULTS, MethodSpec, Profile, RunConfig, get_profile
 
 __all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "result_problem", "layout_problems", "CacheLayoutError",
            "save_run", "load_run", "provenance", "runs_table", "history_table", "load_runs", "METHOD_PARAMETERS",
@@ -282,16 +282,16 @@ def load_runs(configs: Iterable[RunConfig], root: str | os.PathLike | None = Non
     return [load_run(c, root) for c in configs]
 
 
-# Every parameter of any method (`config.METHODS`), in the order they first appear there: the
+# Every parameter of any method (`config.METHOD_DEFAULTS`), in the order they first appear there: the
 # tables below carry one column per parameter, so that a run's method is read from columns, never
 # parsed back from its label.
-METHOD_PARAMETERS: tuple[str, ...] = tuple(dict.fromkeys(k for params in METHODS.values() for k in params))
+METHOD_PARAMETERS: tuple[str, ...] = tuple(dict.fromkeys(k for params in METHOD_DEFAULTS.values() for k in params))
 
 
 def method_columns(spec: MethodSpec) -> dict[str, Any]:
     """One entry per `METHOD_PARAMETERS`: the method's value (its default where the spec omits
     it), None for a parameter the method does not have."""
-    own = METHODS[spec.name]
+    own = METHOD_DEFAULTS[spec.name]
     return {k: spec.get(k) if k in own else None for k in METHOD_PARAMETERS}
 
 
