@@ -273,6 +273,10 @@ def test_a_chapter_reads_in_jupyterlab_as_in_the_book(jupyterlab, copies):
             problems.append(f"the reference list has no entry for {key!r} ({who}, {year})")
     for role, target in re.findall(r"\{(doc|ref)\}`([^`]+)`", source_md):
         label = reader.doc_role(target) if role == "doc" else reader.ref_role(target, False)
+        if label and re.fullmatch(r"\*[^*]+\*", label):  # a book page with no copy in the lab: its title, in italics
+            if label.strip("*") not in " ".join(text.split()):
+                problems.append(f"{{{role}}}`{target}` does not show the page's title {label!r}")
+            continue
         expected = re.sub(r"^\[(.*)\]\(.*\)$", r"\1", label or target)
         if not any(text_ == expected and href for text_, href in page["links"]):
             problems.append(f"{{{role}}}`{target}` is not a link reading {expected!r}")
