@@ -67,7 +67,7 @@ def test_batchnorm_models_are_refused():
 
 def _config(name, **kw):
     params = {"fedsteer": dict(core_size=4, warmup_cycles=1)}.get(name, {})
-    return RunConfig(method=method(name, **params), system=FLSystem(num_clients=12, gamma=0.7), seed=2,
+    return RunConfig(method=method(name, **params), system=FLSystem(num_clients=12, gamma=0.7, validation_size=1000), seed=2,
                      training=Training(rounds=4, local_epochs=1, batch_size=32, client_lr=0.05, eval_every=2,
                                        eval_last=1), **kw)
 

@@ -54,7 +54,7 @@ def test_coordinate_stability_per_refresh():
 
 def test_refresh_rule_matches_the_engines_coordinate_record():
     config = RunConfig(method=method("fedsteer", core_size=5, warmup_cycles=2, max_swaps=3, refresh_every=2),
-                       system=FLSystem(num_clients=20, gamma=0.7), seed=1,
+                       system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=1,
                        training=Training(rounds=8, local_epochs=1, batch_size=32, client_lr=0.05, eval_every=8,
                                          eval_last=1),
                        diagnostics=Diagnostics(track_coords=tuple(range(20))))

@@ -8,7 +8,7 @@ import torch
 from fedsteer_lib.experiments.config import METHOD_DEFAULTS, Diagnostics, FLSystem, RunConfig, Training, method
 from fedsteer_lib.simulator.engine import prepare, run
 
-SMALL = FLSystem(num_clients=20, gamma=0.7)
+SMALL = FLSystem(num_clients=20, gamma=0.7, validation_size=1000)  # evaluated on 1,000 held-out images: fast
 
 
 def _config(name="fedavg", rounds=6, **kw):
@@ -81,14 +81,15 @@ def test_methods_share_the_participation_sequence(sim):
 
 @pytest.fixture(scope="module")
 def sim100():
-    return prepare(_config().replace(system=FLSystem(gamma=0.7)))
+    return prepare(_config().replace(system=FLSystem(gamma=0.7, validation_size=2000)))
 
 
 @pytest.mark.parametrize("name", sorted(METHOD_DEFAULTS))
 def test_every_method_beats_chance_on_fashion_mnist(sim100, name):
     """The paper's system (N=100, gamma=0.7), 12 rounds of one local epoch (3 for full
-    participation, whose every round trains all 100 clients)."""
-    cfg = _config(name, rounds=3 if name == "full" else 12).replace(system=FLSystem(gamma=0.7))
+    participation, whose every round trains all 100 clients), scored on 2,000 held-out training
+    images (a tenth of the test set's evaluation cost)."""
+    cfg = _config(name, rounds=3 if name == "full" else 12).replace(system=FLSystem(gamma=0.7, validation_size=2000))
     result = run(cfg, progress=False, sim=sim100)
     assert not result.summary["collapsed"]
     assert result.summary["final_accuracy"] > 0.3, result.summary  # chance is 0.1
@@ -188,7 +189,7 @@ def test_mifa_wait_all_takes_no_step_until_every_client_was_seen(sim):
     """fdu.py's start: the model stays at w_0 (accuracy unchanged) while some client was never active;
     the round that completes the set trains the others at the current model (forced time > 0)."""
     cfg = _config("mifa", start="wait_all").replace(
-        system=FLSystem(num_clients=20, gamma=0.7, weak_prob=0.2, powerful_prob=0.4),
+        system=FLSystem(num_clients=20, gamma=0.7, weak_prob=0.2, powerful_prob=0.4, validation_size=1000),
         training=Training(rounds=25, local_epochs=1, batch_size=32, client_lr=0.05, eval_every=5, eval_last=0))
     result = run(cfg, progress=False)
     seen, complete = set(), None

@@ -103,7 +103,7 @@ QS_STRATEGIES = {  # name -> (class, arguments)
 }
 
 # --- the engine-equivalence harness ---------------------------------------------------------------
-SYSTEM = FLSystem(num_clients=NUM_NODES, gamma=0.5, weak_prob=0.5, powerful_prob=0.8)
+SYSTEM = FLSystem(num_clients=NUM_NODES, gamma=0.5, weak_prob=0.5, powerful_prob=0.8, validation_size=1000)
 TRAINING = Training(rounds=4, local_epochs=1, batch_size=32, client_lr=0.05, eval_every=4, eval_last=1)
 ENGINE_METHODS = [method("fedsteer", core_size=3, warmup_cycles=2), method("fedavg_unbiased"),
                   method("mifa", start="wait_all"), method("scaffold"), method("fedprox")]

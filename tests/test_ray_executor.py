@@ -21,7 +21,7 @@ import ray  # noqa: F401  (pinned in requirements.txt: the set-up installs it)
 
 GRID = textwrap.dedent("""
     from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
-    CONFIGS = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=s,
+    CONFIGS = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=s,
                          training=Training(rounds=3, local_epochs=1, eval_every=3, eval_last=1))
                for s in (0,) for m in ("fedavg", "fedvarp", "mifa", "fedavg_unbiased")]
 """)

@@ -44,7 +44,7 @@ def test_a_truncated_or_foreign_result_file_is_named_not_counted_and_recomputed(
     from fedsteer_lib.experiments.results import has_run, load_run, result_problem, run_path
     from fedsteer_lib.experiments.sweep import missing, run_grid
 
-    configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=0,
+    configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=0,
                          training=Training(rounds=2, local_epochs=1, eval_every=2, eval_last=1))
                for m in ("fedavg", "mifa", "fedvarp")]
     assert run_grid(configs, tmp_path, progress=False) == 3

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
     from fedsteer_lib.experiments.sweep import run_grid
-    configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=s,
+    configs = [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=s,
                          training=Training(rounds=3, local_epochs=1, eval_every=3, eval_last=1))
                for s in (0, 1) for m in ("fedavg", "mifa")]
     run_grid(configs, sys.argv[1], progress=False)
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _configs():
-    return [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7), seed=s,
+    return [RunConfig(method=method(m), system=FLSystem(num_clients=20, gamma=0.7, validation_size=1000), seed=s,
                       training=Training(rounds=3, local_epochs=1, eval_every=3, eval_last=1))
             for s in (0, 1) for m in ("fedavg", "mifa")]
 
