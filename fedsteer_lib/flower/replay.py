@@ -9,7 +9,8 @@ round. tests/test_flower.py and bench/flower_vs_engine.py use it.
   generator of the engine's stream for the message: `warmup-cycle` in the config: the warm-up's
   stream and cycle; `forced-update`: the forced clients' stream; else the training rounds'
   stream; at the training round `training-round` that the replaying strategy sends (its
-  `server-round` less the warm-up rounds, less one), so the client needs no method's settings. It also answers a QUERY with
+  `server-round` less the warm-up rounds, less one), so the client needs no method's settings
+  (from any other strategy: `server-round` less one). It also answers a QUERY with
   its partition id.
 - `replay_strategy(config, federation)`: the `fedsteer_lib.flower` class of `config.method`,
   with its parameters, whose slots are the clients in partition order (asked by a QUERY before
@@ -97,7 +98,8 @@ def engine_client_app(config: RunConfig, data_root: str | None = None) -> Client
             stream, index = STREAM_WARMUP, int(cfg["warmup-cycle"])
         else:
             stream = STREAM_FORCED if cfg.get("forced-update") else STREAM_BATCHES
-            index = int(cfg["training-round"])
+            # the replaying strategy's round of the engine; any other strategy: its own server round
+            index = int(cfg.get("training-round", int(cfg["server-round"]) - 1))
         correction = msg.content.array_records.get(CORRECTION_KEY)
         spec = LocalSpec(prox_mu=float(cfg.get("proximal-mu", 0.0)),
                          correction=None if correction is None else Layout.of(correction).flat(correction))
