@@ -37,6 +37,7 @@ from ..experiments.registry import BASELINE_ROLES, display_name
 from . import paper
 from .methods import roles
 from .stats import holm, mean_ci, one_sample_t_test
+from .table_display import fmt_pct
 
 __all__ = ["MIN_UNITS", "ALPHA", "COLUMNS", "Claim", "build", "quote", "row", "display", "best_baseline",
            "gains_by_seed", "at_best_beta", "write"]
@@ -140,12 +141,6 @@ def gains_by_seed(per_seed: pd.DataFrame, a: str, b: str) -> pd.Series:
     return (both[a] - both[b]) / both[b].mean()
 
 
-def _pct(x: float) -> str:
-    from .table_display import fmt_pct
-
-    return fmt_pct(x)
-
-
 def accuracy_claims(book) -> list[Claim]:
     runs = at_best_beta(_role_table(book, groups.paper_grid(book.dataset, book.profile, book.device)))
     name = paper.DATASET_NAMES[book.dataset]
@@ -160,7 +155,7 @@ def accuracy_claims(book) -> list[Claim]:
 
         def row(key, claim, source, b, paper_text, target=0.0, direction=1, evidence="06_main_results"):
             gains = gains_by_seed(per_seed, "fedsteer", b)
-            ours = (f"{_pct(gains.mean())}: FedSteer {per_seed['fedsteer'].mean():.3f} vs "
+            ours = (f"{fmt_pct(gains.mean())}: FedSteer {per_seed['fedsteer'].mean():.3f} vs "
                     f"{display_name(b)} {per_seed[b].mean():.3f}")
             out.append(Claim(key, "accuracy", claim, source, setting, paper_text, evidence, gains.tolist(),
                              target=target, direction=direction, ours=ours))
@@ -168,13 +163,13 @@ def accuracy_claims(book) -> list[Claim]:
         quote = {p.key: p for p in paper.PAPER}
         if np.isclose(gamma, 0.9):
             row(f"gain-fedavg-{g}", "FedSteer ends above FedAvg", "§4.2", "fedavg",
-                f"{_pct(quote['fmnist/0.9/gain_vs_fedavg'].value)} (0.554 vs 0.509)" if book.dataset == "fmnist" else "—")
+                f"{fmt_pct(quote['fmnist/0.9/gain_vs_fedavg'].value)} ({quote['fmnist/0.9/fedsteer'].text} vs {quote['fmnist/0.9/fedavg'].text})" if book.dataset == "fmnist" else "—")
             if "full" in per_seed:
                 row(f"below-full-{g}", "FedSteer is second only to full participation", "§8.4", "full",
                     "below full participation, above every baseline", direction=-1)
         paper_gain = {0.9: "fmnist/0.9/gain_vs_best", 0.7: "fmnist/0.7/gain_vs_best"}.get(round(float(gamma), 1))
         row(f"gain-best-{g}", "FedSteer ends above the best baseline", "§4.2", best,
-            _pct(quote[paper_gain].value) + (" (next-best: FedAvg)" if np.isclose(gamma, 0.9) else "")
+            fmt_pct(quote[paper_gain].value) + (" (next-best: FedAvg)" if np.isclose(gamma, 0.9) else "")
             if paper_gain and book.dataset == "fmnist" else "—")
         row(f"margin-{g}", "FedSteer's gain over the next-best method is at least 7.9 %", "§1", best, "at least +7.9 %",
             target=0.079)
@@ -203,12 +198,12 @@ def ablation_claims(book, main: pd.DataFrame, ablations: dict[str, pd.DataFrame]
         rnd = _paired(steer, ablations["random_core"], gamma)
         out.append(Claim(f"greedy-core-{g}", "ablation", "The greedy core set beats a random one", "§2.4", setting,
                          "a representative core set (no number)", "07_ablations", rnd.tolist(),
-                         ours=f"{_pct(rnd.mean())} (greedy over random)"))
+                         ours=f"{fmt_pct(rnd.mean())} (greedy over random)"))
         sub = ablations["subsampled"]
         drop = _paired(sub, steer, gamma)
         out.append(Claim(f"subsample-drop-{g}", "ablation", "Subsampled selection costs only about 2.5 %", "§8.3, Table 3",
                          setting, "about −2.5 %", "07_ablations", drop.tolist(), target=-0.025, direction=1,
-                         ours=f"{_pct(drop.mean())} (subsampled over full search)"))
+                         ours=f"{fmt_pct(drop.mean())} (subsampled over full search)"))
         at = at_best_beta(pd.concat([main[np.isclose(main["gamma"], gamma)], sub[np.isclose(sub["gamma"], gamma)]
                                      .assign(role="fedsteer_subsampled")]))
         per_seed = at.pivot_table(index="seed", columns="role", values="final_accuracy", aggfunc="first")
@@ -216,21 +211,21 @@ def ablation_claims(book, main: pd.DataFrame, ablations: dict[str, pd.DataFrame]
         over = gains_by_seed(per_seed, "fedsteer_subsampled", best)
         out.append(Claim(f"subsample-beats-baselines-{g}", "ablation", "Subsampled FedSteer still beats every baseline",
                          "§8.3, Table 3", setting, "above all baselines", "07_ablations", over.tolist(),
-                         ours=f"{_pct(over.mean())} over {display_name(best)}"))
+                         ours=f"{fmt_pct(over.mean())} over {display_name(best)}"))
         # our own checks: two-sided, no direction claimed
         for key, other, words in (("enforce5", main[main["role"] == "fedsteer_enforce5"], "FedSteer (enforce=5)"),
                                   ("as-written", ablations["ordering"], "FedSteer (as written)")):
             d = _paired(other, steer, gamma)
             out.append(Claim(f"{key}-vs-default-{g}", "our check", f"{words} against the default FedSteer", "§4.2, Alg. 2",
                              setting, "not compared by the paper", "07_ablations", d.tolist(), direction=0,
-                             ours=f"{_pct(d.mean())}"))
+                             ours=f"{fmt_pct(d.mean())}"))
         fair = ablations["fair_start"]
         for m in ("fedvarp", "mifa"):
             base = main[main["role"] == m]
             d = _paired(fair[fair["method"] == m], base, gamma)
             out.append(Claim(f"fair-start-{m}-{g}", "our check", f"{display_name(m)} started from the warm-up's updates",
                              "§4.1, footnote 3", setting, "not run by the paper", "07_ablations", d.tolist(),
-                             direction=0, ours=_pct(d.mean())))
+                             direction=0, ours=fmt_pct(d.mean())))
     return out
 
 
@@ -251,7 +246,7 @@ def fig5_claims(book, coreset: pd.DataFrame) -> list[Claim]:
                          "Regularisation helps a small core set" if sign > 0 else "A medium core set does better without it",
                          "§4.3, Fig. 5", f"{paper.DATASET_NAMES[book.dataset]}, |X| = {k}, both γ",
                          "λ = 0.5 better" if sign > 0 else "λ = 0 better", "07_ablations", values,
-                         unit="(γ, seed) pairs", direction=sign, ours=f"{_pct(float(np.mean(values)) if values else np.nan)} (λ = 0.5 over λ = 0)"))
+                         unit="(γ, seed) pairs", direction=sign, ours=f"{fmt_pct(float(np.mean(values)) if values else np.nan)} (λ = 0.5 over λ = 0)"))
     return out
 
 

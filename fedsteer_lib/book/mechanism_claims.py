@@ -13,7 +13,8 @@ from ..experiments import groups
 from ..experiments.config import DATASET_DEFAULTS
 from ..experiments.results import load_run
 from . import paper
-from .ledger import Claim, _pct
+from .ledger import Claim
+from .table_display import fmt_pct
 
 __all__ = ["alignment_by_run", "variance_claims", "stability_claim", "memory_claims"]
 
@@ -81,11 +82,11 @@ def variance_claims(book, only: Sequence[str] | None = None) -> list[Claim]:
     out.append(Claim("variance-thm1", "mechanism", "FedSteer's aggregation has a lower variance than FedVARP's",
                      "§2.3, Theorem 1", f"{name}, probe rounds during training", "minimised (no number)",
                      "03_variance_minimization", ratios, unit="runs", direction=-1,
-                     ours=f"{_pct(np.mean(ratios))} (FedSteer over FedVARP)" if ratios else "—"))
+                     ours=f"{fmt_pct(np.mean(ratios))} (FedSteer over FedVARP)" if ratios else "—"))
     out.append(Claim("variance-term-thm2", "mechanism", "FedSteer has the smallest partial-update variance term",
                      "§3, Theorem 2", f"{name}, probe rounds during training", "smallest (no number)", "05_convergence",
                      term_ratios, unit="runs", direction=-1,
-                     ours=f"{_pct(np.mean(term_ratios))} (FedSteer over the smallest other)" if term_ratios else "—"))
+                     ours=f"{fmt_pct(np.mean(term_ratios))} (FedSteer over the smallest other)" if term_ratios else "—"))
     return out
 
 

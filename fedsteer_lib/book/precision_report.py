@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiments.results import has_run, load_run, results_root, runs_table
-from .provenance import PRECISION_FILE, _markdown, cached_configs
+from .provenance import PRECISION_FILE, cached_configs, markdown_table
 
 __all__ = ["parity_runs", "parity_table", "parity_verdicts", "precision_markdown"]
 
@@ -146,7 +146,7 @@ def _speed_lines(bench: dict) -> list[str]:
         table.append({"what": f"whole run, {display_name(name)}, {row['rounds']} rounds (s)",
                       "fp32": f"{row['fp32']['cpu_s']:.0f}", "bf16": f"{row['bf16']['cpu_s']:.0f}",
                       "speed ratio": f"{row['bf16_speedup']:.2f}"})
-    lines += _markdown(pd.DataFrame(table), ["what", "fp32", "bf16", "speed ratio"], {})
+    lines += markdown_table(pd.DataFrame(table), ["what", "fp32", "bf16", "speed ratio"], {})
     for name, row in bench.get("runs", {}).items():
         phases = [k for k in ("warmup", "client", "eval", "server") if row["fp32"]["timing"].get(k)]
         lines += ["", f"{display_name(name)}'s run by phase, fp32 → bf16 (wall seconds, the machine shared): "
@@ -215,7 +215,7 @@ def precision_markdown(dataset: str = "fmnist", profile: str = "paper", root: st
                        ).replace("-", "−"),
         "p": fmt_p(r.p) if r.p == r.p else "–",
         "collapsed (fp32 / bf16)": f"{r.collapsed_fp32} / {r.collapsed_bf16}"} for r in table.itertuples()])
-    lines += _markdown(shown, list(shown.columns), {})
+    lines += markdown_table(shown, list(shown.columns), {})
     verdicts = parity_verdicts(runs)
     if len(verdicts):
         changed = verdicts[~verdicts["same"]]

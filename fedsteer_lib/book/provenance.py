@@ -25,7 +25,7 @@ from ..experiments.groups import run_groups
 from ..experiments.results import has_run, load_run, results_root, runs_table
 
 __all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
-           "verify_table", "verify_markdown", "cost_markdown", "write_generated"]
+           "verify_table", "verify_markdown", "cost_markdown", "markdown_table", "write_generated"]
 
 RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "kernels", "CPU", "device",
                    "threads", "torch", "code versions")
@@ -105,7 +105,7 @@ def _cell(value: Any, digits: int) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value).replace("|", "\\|")
 
 
-def _markdown(table: pd.DataFrame, columns: Sequence[str], digits: Mapping[str, int]) -> list[str]:
+def markdown_table(table: pd.DataFrame, columns: Sequence[str], digits: Mapping[str, int]) -> list[str]:
     lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
     for _, row in table.iterrows():
         lines.append("| " + " | ".join(_cell(row[c], digits.get(c, 0)) for c in columns) + " |")
@@ -120,8 +120,8 @@ def runtime_markdown(table: pd.DataFrame) -> str:
     one): the runs and wall times (hours to 2 decimals, minutes to 1), then the environment."""
     digits = {"total wall time (h)": 2, "median wall time (min)": 1}
     columns = list(table.columns)
-    first = _markdown(table, columns[:RUNTIME_SPLIT], digits)
-    second = _markdown(table, columns[:1] + columns[RUNTIME_SPLIT:], digits)
+    first = markdown_table(table, columns[:RUNTIME_SPLIT], digits)
+    second = markdown_table(table, columns[:1] + columns[RUNTIME_SPLIT:], digits)
     return "\n".join(first) + "\n\n" + "\n".join(second) + "\n"
 
 
@@ -169,7 +169,7 @@ def verify_markdown(table: pd.DataFrame) -> str:
     """`verify_table` as a Markdown pipe table (changes of the final accuracy to 4 decimals)."""
     if table.empty:
         return "No committed run has been recomputed yet.\n"
-    return "\n".join(_markdown(table, list(table.columns), {"median change": 4, "largest change": 4})) + "\n"
+    return "\n".join(markdown_table(table, list(table.columns), {"median change": 4, "largest change": 4})) + "\n"
 
 
 def cost_markdown(path: str | os.PathLike = COST_FILE) -> str:
@@ -185,7 +185,7 @@ def cost_markdown(path: str | os.PathLike = COST_FILE) -> str:
              "process_cpu": "process CPU time (s)"}
     lines = [f"Measured on {data['cpu']} ({', '.join(data['cpu_flags'])}), one thread, the same {data['run']} "
              f"({data['repeats']} times each, alternating; medians):", ""]
-    lines += _markdown(summary.rename(columns=names), ["kernels", *names.values()], {v: 1 for v in names.values()})
+    lines += markdown_table(summary.rename(columns=names), ["kernels", *names.values()], {v: 1 for v in names.values()})
     ratio = summary.set_index("kernels")["process_cpu"]
     if {"pinned", "native"} <= set(ratio.index):
         lines += ["", f"Pinned over native, in CPU time: {ratio['pinned'] / ratio['native']:.2f} × on this CPU."]
