@@ -481,20 +481,28 @@ window.addEventListener('load', () => (window.MathJax ? MathJax.startup.promise 
 """
 
 
+_PROBED_DOM: dict[str, str] = {}
+
+
 def _probe(doc: str, script: str, probe_id: str) -> list[dict]:
     """Run `script` on a copy of the built page (in a temporary folder; a <base> points every
-    relative URL back at the built book) and return the JSON rows it writes into <pre id=probe_id>."""
+    relative URL back at the built book) and return the JSON rows it writes into <pre id=probe_id>.
+    Every probe of this module runs in the same load of the page (one Chromium start per page):
+    each waits for the page and MathJax on its own and writes its own <pre>."""
     import html as html_lib
 
-    page = _page_file(doc)
-    text = page.read_text(encoding="utf8")
-    text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
-    text = text.replace("</body>", f"<script>{script}</script></body>", 1)
-    with tempfile.TemporaryDirectory(prefix="fedsteer-probe-") as tmp:
-        probe_page = Path(tmp) / page.name
-        probe_page.write_text(text, encoding="utf8")
-        dom = _chromium(probe_page.as_uri(), "--dump-dom", "--window-size=1280,1800")
-    match = re.search(rf'<pre id="{probe_id}"[^>]*>(.*?)</pre>', dom, flags=re.S)
+    if doc not in _PROBED_DOM:
+        page = _page_file(doc)
+        text = page.read_text(encoding="utf8")
+        text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
+        scripts = "".join(f"<script>{probe}</script>" for probe in (_CLIP_PROBE, _OVERFLOW_PROBE))
+        text = text.replace("</body>", f"{scripts}</body>", 1)
+        with tempfile.TemporaryDirectory(prefix="fedsteer-probe-") as tmp:
+            probe_page = Path(tmp) / page.name
+            probe_page.write_text(text, encoding="utf8")
+            _PROBED_DOM[doc] = _chromium(probe_page.as_uri(), "--dump-dom", "--window-size=1280,1800")
+    assert script in (_CLIP_PROBE, _OVERFLOW_PROBE), "a new probe must be added to the page's scripts above"
+    match = re.search(rf'<pre id="{probe_id}"[^>]*>(.*?)</pre>', _PROBED_DOM[doc], flags=re.S)
     assert match, f"{doc}: the probe {probe_id} did not run (the page never finished loading?)"
     return json.loads(html_lib.unescape(match.group(1)))
 

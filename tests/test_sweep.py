@@ -119,7 +119,7 @@ def test_convergence_grid_is_every_table_1_method_with_probes():
     quick = convergence_grid("fmnist", "quick")  # the profile's five of them
     assert [label_without_warmup(c.method) for c in quick] == ["fedavg_unbiased", "fedvarp", "mifa", "fedsteer",
                                                                "fedsteer(refresh_every=5)"]
-    assert all(c.diagnostics.probe_every == 5 and c.training.rounds == 10 and c.seed == 0 for c in quick)
+    assert all(c.diagnostics.probe_every == 3 and c.training.rounds == 5 and c.seed == 0 for c in quick)
 
 
 def test_stability_grid_is_fig_8():
