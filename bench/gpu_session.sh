@@ -24,6 +24,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "$PY" bench/gpu_batching.py --device cuda --out "$OUT/gpu_batching.json" 2>&1 | tee "$OUT/gpu_batching.log"
 "$PY" bench/precision.py --device cuda --rounds "$PRECISION_ROUNDS" --out "$OUT/precision_cuda.json" 2>&1 \
     | tee "$OUT/precision_cuda.log"
+# DEADLINE_SECONDS (optional): the whole script's budget; the sweep gets what the benchmarks left,
+# less 40 s for packing, so the runs it finished always come back.
+if [ -n "${DEADLINE_SECONDS:-}" ] && [ $((DEADLINE_SECONDS - SECONDS - 40)) -lt "$SWEEP_SECONDS" ]; then
+    SWEEP_SECONDS=$((DEADLINE_SECONDS - SECONDS - 40))
+fi
+echo "sweep budget ${SWEEP_SECONDS} s"
 touch /tmp/fedsteer-sweep-start
 timeout "$SWEEP_SECONDS" "$PY" -m fedsteer_lib sweep --profile paper --dataset fmnist --what all \
     --device cuda --client-batch 100 --workers "$WORKERS" > "$OUT/sweep.log" 2>&1

@@ -27,13 +27,15 @@ def objective(grads: torch.Tensor, core: list[int], weights: torch.Tensor, lam: 
 
 
 def _batched_objective(gram: torch.Tensor, cores: torch.Tensor, weights: torch.Tensor, lam: float) -> torch.Tensor:
-    """J for each row of `cores` (P, k) from the float64 Gram matrix of the snapshot (N, N)."""
+    """J for each row of `cores` (P, k) from the float64 Gram matrix of the snapshot (N, N).
+    Computed on the Gram matrix's device (the core ids and weights follow it)."""
+    cores, weights = cores.to(gram.device), weights.to(gram.device)
     norms = gram.diagonal().clamp_min(1e-300).sqrt()
     cos = gram / (norms[:, None] * norms[None, :])
     g = cos[cores[:, :, None], cores[:, None, :]]  # (P, k, k) = Q^T Q
     b = gram[cores] / norms[cores][:, :, None]  # (P, k, N) = Q^T g_i
     k = cores.shape[1]
-    eye = torch.eye(k, dtype=gram.dtype)
+    eye = torch.eye(k, dtype=gram.dtype, device=gram.device)
     if lam > 0:
         z = torch.linalg.solve(g + lam * eye, b)
     else:

@@ -56,13 +56,14 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "NumericsError", "select_kernels",
+__all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "GPU_KERNELS", "NumericsError", "select_kernels",
            "kernels", "check_kernels", "check_precision", "kernels_for_run", "run_kernels", "autocast",
            "has_bf16_units", "machine", "cpu_model", "cpu_flags", "tree_diff_hash"]
 
 KERNELS = ("pinned", "native")
 PRECISIONS = ("fp32", "bf16")  # a run's precision (`RunConfig.precision`)
 BF16_KERNELS = "bf16"  # what a bf16 CPU run's provenance says instead of its process's mode (never "pinned")
+GPU_KERNELS = "gpu"  # what a GPU run's provenance says: its bits are the GPU's, never "pinned"
 BF16_UNITS = ("avx512_bf16", "amx_bf16")  # CPU features that compute bfloat16 natively
 ENV_VAR = "FEDSTEER_KERNELS"
 # What the pinned mode sets; each one alone changes a run's bits (see the module docstring).
@@ -145,9 +146,12 @@ def _is_cpu(device: str) -> bool:
 
 def run_kernels(device: str = "cpu", precision: str = "fp32") -> str:
     """The kernels one run computes with, as its provenance names them: the process's mode
-    (`kernels`) for fp32 and GPU runs, BF16_KERNELS for a bf16 CPU run (oneDNN on whatever the
-    mode: CPU-dependent bits, see the module docstring)."""
-    return BF16_KERNELS if precision == "bf16" and _is_cpu(device) else kernels()
+    (`kernels`) for an fp32 CPU run, BF16_KERNELS for a bf16 CPU run (oneDNN on whatever the
+    mode: CPU-dependent bits, see the module docstring), GPU_KERNELS for a GPU run (the CPU pin
+    does not reach the GPU's kernels, so it is never "pinned")."""
+    if not _is_cpu(device):
+        return GPU_KERNELS
+    return BF16_KERNELS if precision == "bf16" else kernels()
 
 
 def has_bf16_units() -> bool:

@@ -129,8 +129,11 @@ def test_kernels_for_run_composes_precision_with_the_kernel_mode(monkeypatch, mo
 
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")  # the autocast object is built, never entered
-def test_a_gpu_run_keeps_the_process_kernels_and_autocasts_on_cuda():
-    assert numerics.run_kernels("cuda", "bf16") == numerics.kernels()
+def test_a_gpu_run_is_labelled_gpu_never_pinned_and_autocasts_on_cuda():
+    # The CPU pin does not reach a GPU's kernels: a GPU run must never claim "pinned" (verify
+    # would then demand that it come back bit for bit on a CPU).
+    assert numerics.run_kernels("cuda", "bf16") == numerics.run_kernels("cuda:0", "fp32") == numerics.GPU_KERNELS
+    assert numerics.GPU_KERNELS not in numerics.KERNELS
     with pytest.raises(numerics.NumericsError, match="precision must be one of"):
         with numerics.kernels_for_run("cpu", "fp8"):
             pass
