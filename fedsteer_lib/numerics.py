@@ -2,17 +2,24 @@
 
 Two kernel modes, fixed for a whole process before torch computes anything:
 
-- ``pinned`` (the default): the same run gives the same bits on any x86-64 CPU with AVX2 (every
-  server and desktop CPU of the last decade), whatever its best instruction set (AVX-512, AMX).
-  ATen's kernels are limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``); MKL runs its AVX2 branch in
-  strict reproducible mode (``MKL_CBWR=AVX2,STRICT``, Intel's "conditional numerical
-  reproducibility"); oneDNN is switched off for the run, so convolutions are torch's own
-  (im2col and MKL's GEMM): pinning oneDNN to AVX2 is not enough, since its kernels block the
-  work by the CPU's cache sizes (the same FedAvg run, pinned to AVX2, ended at 0.8146 on an
-  Intel CPU with AMX and at 0.8148 on an AMD EPYC); NNPACK, which torch would use instead, sizes
-  its blocks by the caches too, and is off as well; and every CPU run uses one intra-op thread
-  (a second thread changes the order of the sums). Each of these changes a run's bits on its
-  own (measured with torch 2.14).
+- ``pinned`` (the default): meant to give the same run the same bits on any x86-64 CPU with AVX2
+  (every server and desktop CPU of the last decade), Intel or AMD, whatever its best instruction
+  set (AVX-512, AMX). Checked: the same bits under every maximum ISA of one CPU (Intel Xeon with
+  AMX; AMD EPYC); across vendors, only for the first pin below, which failed; the COMPATIBLE
+  branch is Intel's documented branch for that, not yet checked on an AMD CPU here. ATen's kernels are limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``); MKL runs
+  its ``COMPATIBLE`` branch in strict reproducible mode (``MKL_CBWR=COMPATIBLE,STRICT``, Intel's
+  "conditional numerical reproducibility": SSE2 without the approximate rcpps/rsqrtps, whose
+  results differ between vendors). MKL's AVX2 branch, the first pin tried, is served only on
+  Intel CPUs: on others MKL silently takes its AUTO branch, and the committed reference run,
+  computed pinned to AVX2 on an AMD EPYC, did not come back bit for bit on an Intel Xeon (nor
+  did a pinned SCAFFOLD run of Table 1); results stored under that first pin say so in their
+  provenance (``mkl_cbwr: AVX2,STRICT``) and `verify` does not demand their bits. oneDNN is
+  switched off for the run, so convolutions are torch's own (im2col and MKL's GEMM): pinning
+  oneDNN to AVX2 is not enough, since its kernels block the work by the CPU's cache sizes (the
+  same FedAvg run, pinned to AVX2, ended at 0.8146 on an Intel CPU with AMX and at 0.8148 on an
+  AMD EPYC); NNPACK, which torch would use instead, sizes its blocks by the caches too, and is
+  off as well; and every CPU run uses one intra-op thread (a second thread changes the order of
+  the sums). Each of these changes a run's bits on its own (measured with torch 2.14).
 - ``native``: torch's own choice for this CPU (oneDNN, AVX-512/AMX where present) and as many
   threads as the caller sets. Faster, but the bits depend on the CPU.
 
@@ -56,7 +63,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "GPU_KERNELS", "NumericsError", "select_kernels",
+__all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "GPU_KERNELS", "FIRST_PIN_MKL_CBWR", "NumericsError", "select_kernels",
            "kernels", "check_kernels", "check_precision", "kernels_for_run", "run_kernels", "autocast",
            "has_bf16_units", "machine", "cpu_model", "cpu_flags", "tree_diff_hash"]
 
@@ -67,7 +74,8 @@ GPU_KERNELS = "gpu"  # what a GPU run's provenance says: its bits are the GPU's,
 BF16_UNITS = ("avx512_bf16", "amx_bf16")  # CPU features that compute bfloat16 natively
 ENV_VAR = "FEDSTEER_KERNELS"
 # What the pinned mode sets; each one alone changes a run's bits (see the module docstring).
-PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
+PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT"}
+FIRST_PIN_MKL_CBWR = "AVX2,STRICT"  # the first pinned mode's MKL branch: Intel-only bits (module docstring)
 PINNED_CAPABILITY = "AVX2"  # what torch.backends.cpu.get_cpu_capability() reports when the pin holds
 # The CPU features that decide which kernels torch may use.
 FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",

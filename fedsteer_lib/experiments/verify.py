@@ -31,16 +31,28 @@ __all__ = ["Comparison", "compare", "select", "verify_runs", "stored_kernels", "
 ROUND_FIELDS = ("round", "num_active", "accuracy", "loss", "train_loss", "update_norm", "collapsed")
 
 
+FIRST_PIN = "pinned to MKL's AVX2 branch"  # Intel-only bits: see numerics' module docstring
+
+
 def stored_kernels(payload: dict[str, Any]) -> str:
-    """The kernel mode a stored run was computed with ("pinned", "native"; results from before
-    the modes existed are "native": torch's choice on whatever CPU computed them)."""
-    return payload.get("provenance", {}).get("kernels", "native")
+    """The kernel mode a stored run was computed with ("pinned", "native", "bf16", "gpu"; results
+    from before the modes existed are "native": torch's choice on whatever CPU computed them).
+    A run pinned under the first pin (MKL's AVX2 branch, whose bits MKL gives only on Intel CPUs)
+    is FIRST_PIN, not "pinned": its bits are not demanded on another CPU."""
+    prov = payload.get("provenance", {})
+    kernels = prov.get("kernels", "native")
+    if kernels == "pinned" and prov.get("mkl_cbwr") == numerics.FIRST_PIN_MKL_CBWR:
+        return FIRST_PIN
+    return kernels
 
 
 def machine_words(prov: dict[str, Any]) -> str:
     """A run's machine in a few words: CPU, kernel mode, code version."""
     cpu = prov.get("cpu") or prov.get("machine") or "unknown CPU"
-    return f"{cpu}, {prov.get('kernels', 'native (before pinning existed)')} kernels, code {prov.get('code_version', '?')}"
+    kernels = prov.get("kernels", "native (before pinning existed)")
+    if kernels == "pinned":
+        kernels += f" (MKL {prov.get('mkl_cbwr', '?')})"
+    return f"{cpu}, {kernels} kernels, code {prov.get('code_version', '?')}"
 
 
 def _rounds(history: list[dict[str, Any]]) -> list[tuple]:
