@@ -43,7 +43,7 @@ when it is not fp32: a bf16 run is another run, never mixed with fp32 ones), not
   they fall back to torch's generic loops, slower than float32 on every CPU. Its bits therefore
   depend on the CPU, so it is never "pinned": its provenance says ``kernels: bf16``, and
   `verify` never requires it to come back bit for bit. The rest of the process's mode still
-  applies to it (a pinned process: ATen at AVX2, MKL's strict AVX2 branch for the float32
+  applies to it (a pinned process: ATen at AVX2, MKL's strict compatible branch for the float32
   server computations, one thread per run; native: the caller's threads). On a CPU without
   bfloat16 units (AVX2 only: no ``avx512_bf16`` or ``amx_bf16`` in `cpu_flags`) bf16 is
   emulated and much slower than fp32 (data/results/bench/precision.json measures both): use
