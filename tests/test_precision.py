@@ -256,6 +256,10 @@ def test_parity_pairs_by_seed_and_uses_complete_seeds_only():
 
     assert fedavg["ci"] == pytest.approx(mean_ci(diffs)[1]) and fedavg["p"] == pytest.approx(paired_t_test(diffs)["p"])
     assert fedavg["fp32"] == pytest.approx(0.81) and fedavg["bf16"] == pytest.approx(0.81 + sum(diffs) / 3)
+    from fedsteer_lib.book.stats import holm
+
+    assert table["p_holm"].tolist() == pytest.approx(holm(table["p"].tolist()), nan_ok=True)  # one family: the table
+    assert (table["p_holm"].dropna() >= table["p"].dropna() - 1e-12).all()
 
 
 def test_vectorised_clients_train_in_bf16_too():

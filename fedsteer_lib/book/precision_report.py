@@ -51,9 +51,10 @@ def _complete(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
 def parity_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
     """bf16 against fp32, paired by seed, on the complete seeds only (`parity_runs`' rows): per
     gamma and role, the seeds, both means, the mean difference bf16 - fp32 with the half-width of
-    its 95 % t-interval, the paired t-test's p and the collapsed runs of each precision.
-    Returns (the table, the complete seeds)."""
-    from .stats import mean_ci, paired_t_test
+    its 95 % t-interval, the paired t-test's p, that p Holm-adjusted over the table's rows (one
+    family: "does bf16 change the accuracy of any of them?") and the collapsed runs of each
+    precision. Returns (the table, the complete seeds)."""
+    from .stats import holm, mean_ci, paired_t_test
 
     runs, seeds = _complete(runs)
     rows = []
@@ -67,6 +68,7 @@ def parity_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
                      "collapsed_fp32": int(collapsed.get("fp32", 0)), "collapsed_bf16": int(collapsed.get("bf16", 0))})
     table = pd.DataFrame(rows, columns=["gamma", "role", "seeds", "fp32", "bf16", "difference", "ci", "p",
                                         "collapsed_fp32", "collapsed_bf16"])
+    table.insert(table.columns.get_loc("p") + 1, "p_holm", holm(table["p"].tolist()))
     return table.sort_values(["gamma", "role"], ascending=[False, True], kind="stable").reset_index(drop=True), seeds
 
 
@@ -207,13 +209,15 @@ def precision_markdown(dataset: str = "fmnist", profile: str = "paper", root: st
     lines += ["", f"Final test accuracy, bf16 against the committed fp32 run of the same configuration, paired by seed, "
               f"over {len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
               + (f": a reduced set, not the full parity test of {len(all_seeds)} seeds" if partial else "")
-              + " (difference: bf16 − fp32, mean ± half-width of its 95 % interval; p: paired t-test):", ""]
+              + " (difference: bf16 − fp32, mean ± half-width of its 95 % interval; p: paired t-test; p (Holm): "
+              "the same, Holm-adjusted over the table's rows):", ""]
     shown = pd.DataFrame([{
         "γ": f"{r.gamma:g}", "method": display_name(r.role), "seeds": r.seeds, "fp32": f"{r.fp32:.4f}",
         "bf16": f"{r.bf16:.4f}",
         "difference": (f"{r.difference:+.4f}" + (f" ± {r.ci:.4f}" if r.ci == r.ci else " (one seed: no interval)")
                        ).replace("-", "−"),
         "p": fmt_p(r.p) if r.p == r.p else "–",
+        "p (Holm)": fmt_p(r.p_holm) if r.p_holm == r.p_holm else "–",
         "collapsed (fp32 / bf16)": f"{r.collapsed_fp32} / {r.collapsed_bf16}"} for r in table.itertuples()])
     lines += markdown_table(shown, list(shown.columns), {})
     verdicts = parity_verdicts(runs)
