@@ -268,7 +268,7 @@ def _tuning(dataset: str, profile: str | Profile, device: str, root: str | os.Pa
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
 # chapters show the runs that are cached and say how many are missing; `make book` never
 # computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
-IN_PROGRESS: frozenset[str] = frozenset({"precision_parity"})
+IN_PROGRESS: frozenset[str] = frozenset()
 
 
 # What `--what` selects: each entry returns {group name: configs}, given the data set, the
