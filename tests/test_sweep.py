@@ -120,6 +120,21 @@ def test_convergence_grid_is_every_table_1_method_with_probes():
     assert [label_without_warmup(c.method) for c in quick] == ["fedavg_unbiased", "fedvarp", "mifa", "fedsteer",
                                                                "fedsteer(refresh_every=5)"]
     assert all(c.diagnostics.probe_every == 3 and c.training.rounds == 5 and c.seed == 0 for c in quick)
+    assert all(c.training.local_epochs == 1 for c in quick) and all(c.training.local_epochs == 2 for c in paper)
+
+
+def test_the_quick_regime_cell_is_the_quick_table_1_grid():
+    # Its one cell (lr 0.1, the quick profile's E = 1) reuses Table 1's quick runs, as the paper
+    # profile's lr 0.1 / E = 2 cell reuses Table 1's.
+    from fedsteer_lib.experiments.groups import paper_grid, regime_grid
+
+    for profile in ("quick", "paper"):
+        table1 = {c.method.label: c.key() for c in paper_grid("fmnist", profile) if c.seed == 0 and c.system.gamma == 0.9}
+        epochs = get_profile(profile).local_epochs or 2
+        cell = {c.method.label: c.key() for c in regime_grid("fmnist", profile)
+                if c.training.client_lr == 0.1 and c.training.local_epochs == epochs and c.seed == 0 and c.system.gamma == 0.9}
+        shared = set(cell) & set(table1)
+        assert {"fedavg", "fedvarp", "mifa"} <= shared and all(cell[m] == table1[m] for m in shared), profile
 
 
 def test_stability_grid_is_fig_8():

@@ -314,7 +314,7 @@ def _run_config(args, parser):
     system = {f.name: _like(getattr(args, f"FLSystem_{f.name}"), f.default) for f in dataclasses.fields(FLSystem)
               if getattr(args, f"FLSystem_{f.name}") is not None}
     base = dataclasses.replace(TUNED[args.dataset], rounds=prof.rounds, eval_every=prof.eval_every,
-                               eval_last=prof.eval_last)
+                               eval_last=prof.eval_last, local_epochs=prof.local_epochs or TUNED[args.dataset].local_epochs)
     training = {f.name: _like(getattr(args, f"Training_{f.name}"), getattr(base, f.name))
                 for f in dataclasses.fields(Training) if getattr(args, f"Training_{f.name}") is not None}
     try:

@@ -242,9 +242,9 @@ class Profile:
     """How big a notebook's computations are. `paper` is the paper's setting; `quick` runs
     every code path for real at a size that lets all notebooks finish in minutes on 2 CPU
     cores: 5 rounds instead of 150 (the model evaluated before round 1 and after round 5;
-    probes in rounds 1 and 4; enforce=5's refresh in round 5), one seed, gamma = 0.9 only,
-    2 warm-up cycles instead of 5, smaller
-    grids (regime map: the one cell client lr 0.1, E = 2, which is Table 1's runs, so the
+    probes in rounds 1 and 4; enforce=5's refresh in round 5), one local epoch instead of the
+    tuned 2, one seed, gamma = 0.9 only, 2 warm-up cycles instead of 5, smaller
+    grids (regime map: the one cell client lr 0.1, E = 1, which is Table 1's runs, so the
     calibrated point is that cell too; Fig. 5: |X| in {5, 40}, the second size being Table 1's
     enforce=5 run at lambda = 0.5; variance probes: five methods; server-step search: two steps
     for unbiased FedAvg; five methods at the calibrated point), and a separate (uncommitted)
@@ -267,6 +267,7 @@ class Profile:
     server_lrs: tuple[float, ...] = SERVER_LRS  # the server-step search's steps
     server_step_roles: tuple[str, ...] | None = None  # its methods (None: every one of `server_step_methods`)
     calibrated_roles: tuple[str, ...] | None = None  # the calibrated point's methods (None: all of them)
+    local_epochs: int | None = None  # every run's local epochs E (None: the tuned value, TUNED)
     convergence_roles: tuple[str, ...] | None = None  # the variance probes' methods (None: all of them)
 
 
@@ -276,7 +277,8 @@ PROFILES: dict[str, Profile] = {
                      ablation_seeds=2, coreset_sizes=(10, 20, 40, 80)),
     "quick": Profile("quick", rounds=5, seeds=(0,), gammas=(0.9,), warmup_cycles=2,
                      eval_every=5, eval_last=1, results_dir=".cache/results-quick", probe_every=3,
-                     ablation_seeds=1, coreset_sizes=(5, 40), regime_client_lrs=(0.1,), regime_local_epochs=(2,),
+                     ablation_seeds=1, coreset_sizes=(5, 40), regime_client_lrs=(0.1,), regime_local_epochs=(1,),
+                     local_epochs=1,
                      server_lrs=(0.5, 1.0), server_step_roles=("fedavg_unbiased",),
                      calibrated_roles=("fedavg", "fedavg_unbiased", "mifa_wait_all", "fedsteer", "fedsteer_as_written"),
                      convergence_roles=("fedavg_unbiased", "fedvarp", "mifa", "fedsteer", "fedsteer_enforce5")),

@@ -41,8 +41,9 @@ def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "
     rounds, evaluation schedule and warm-up length (gammas and seeds default to the profile's).
     `training_changes` (e.g. client_lr=0.03) override the frozen training settings."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
+    profile_epochs = {} if prof.local_epochs is None else {"local_epochs": prof.local_epochs}
     training = replace(TUNED[dataset], rounds=prof.rounds, eval_every=prof.eval_every, eval_last=prof.eval_last,
-                       **training_changes)
+                       **{**profile_epochs, **training_changes})
     base_system = system or FLSystem()
     configs = []
     for gamma in (prof.gammas if gammas is None else gammas):
