@@ -302,7 +302,7 @@ def _add_run_parser(sub) -> None:
 def _run_config(args, parser):
     """The `run` command's RunConfig, validated; a bad setting is `parser.error` with the
     config's own message, before anything is loaded or computed."""
-    from .config import TUNED, ConfigError, RunConfig, get_profile, method
+    from .config import ConfigError, RunConfig, get_profile, method
 
     prof = get_profile("paper")
     params_given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
@@ -313,8 +313,9 @@ def _run_config(args, parser):
         params = {"core_size": dd["core_size"], "lam": dd["lam"], **params}
     system = {f.name: _like(getattr(args, f"FLSystem_{f.name}"), f.default) for f in dataclasses.fields(FLSystem)
               if getattr(args, f"FLSystem_{f.name}") is not None}
-    base = dataclasses.replace(TUNED[args.dataset], rounds=prof.rounds, eval_every=prof.eval_every,
-                               eval_last=prof.eval_last, local_epochs=prof.local_epochs or TUNED[args.dataset].local_epochs)
+    from .sweep import profile_training
+
+    base = profile_training(args.dataset, prof)
     training = {f.name: _like(getattr(args, f"Training_{f.name}"), getattr(base, f.name))
                 for f in dataclasses.fields(Training) if getattr(args, f"Training_{f.name}") is not None}
     try:

@@ -27,10 +27,19 @@ from tqdm import tqdm
 from dataclasses import replace
 
 from ..simulator.engine import SimData, prepare, run
-from .config import DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, get_profile
+from .config import DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, Training, get_profile
 from .results import CacheLayoutError, has_run, layout_problems, run_path, save_run
 
-__all__ = ["grid", "run_grid", "missing", "complete_seeds", "run_lock"]
+__all__ = ["profile_training", "grid", "run_grid", "missing", "complete_seeds", "run_lock"]
+
+
+def profile_training(dataset: str, profile: str | Profile = "paper") -> Training:
+    """The frozen (tuned) training settings with the profile's rounds, evaluation schedule and,
+    where it sets one, its local epochs: the training of every run of the profile's grids."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    epochs = TUNED[dataset].local_epochs if prof.local_epochs is None else prof.local_epochs
+    return replace(TUNED[dataset], rounds=prof.rounds, eval_every=prof.eval_every, eval_last=prof.eval_last,
+                   local_epochs=epochs)
 
 
 def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "paper", *,
@@ -41,9 +50,7 @@ def grid(dataset: str, methods: Sequence[MethodSpec], profile: str | Profile = "
     rounds, evaluation schedule and warm-up length (gammas and seeds default to the profile's).
     `training_changes` (e.g. client_lr=0.03) override the frozen training settings."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
-    profile_epochs = {} if prof.local_epochs is None else {"local_epochs": prof.local_epochs}
-    training = replace(TUNED[dataset], rounds=prof.rounds, eval_every=prof.eval_every, eval_last=prof.eval_last,
-                       **{**profile_epochs, **training_changes})
+    training = replace(profile_training(dataset, prof), **training_changes)
     base_system = system or FLSystem()
     configs = []
     for gamma in (prof.gammas if gammas is None else gammas):
