@@ -64,9 +64,10 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "GPU_KERNELS", "FIRST_PIN_MKL_CBWR", "NumericsError", "select_kernels",
-           "kernels", "check_kernels", "check_precision", "kernels_for_run", "run_kernels", "autocast",
-           "has_bf16_units", "machine", "cpu_model", "cpu_flags", "tree_diff_hash"]
+__all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "GPU_KERNELS", "FIRST_PIN_MKL_CBWR",
+           "NumericsError", "select_kernels", "kernels", "check_kernels", "check_precision", "kernels_for_run",
+           "run_kernels", "autocast", "has_bf16_units", "machine", "cpu_model", "cpu_signature", "cpu_flags",
+           "tree_diff_hash"]
 
 KERNELS = ("pinned", "native")
 PRECISIONS = ("fp32", "bf16")  # a run's precision (`RunConfig.precision`)
@@ -227,6 +228,17 @@ def cpu_model() -> str:
     return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_signature() -> str:
+    """The CPU's vendor, family, model and stepping ("GenuineIntel 6/207/2"): it tells two CPUs
+    apart whose model name is a generic word (virtual machines often say "Intel(R) Xeon(R)
+    Processor" for several generations); "unknown" off Linux."""
+    info = _cpuinfo()
+    parts = [info.get(k) for k in ("vendor_id", "cpu family", "model", "stepping")]
+    if not all(parts):
+        return "unknown"
+    return f"{parts[0]} {parts[1]}/{parts[2]}/{parts[3]}"
+
+
 def cpu_flags() -> list[str]:
     """The CPU features of `FLAGS_THAT_MATTER` this CPU has."""
     flags = set(_cpuinfo().get("flags", "").split())
@@ -244,16 +256,17 @@ def _library_versions() -> dict[str, str | None]:
 
 
 def machine(device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
-    """What a result's provenance records of the process that computed it: the CPU and the
-    features that decide its kernels, the kernels of the run (`run_kernels`: the process's mode,
-    or "bf16" for a bf16 CPU run) and the choices in force (ATen's CPU capability, oneDNN on or
-    off and its ISA limit, MKL's instruction branch; "default" where nothing limits them), the
+    """What a result's provenance records of the process that computed it: the CPU (model name,
+    `cpu_signature`) and the features that decide its kernels, the kernels of the run
+    (`run_kernels`: the process's mode, or "bf16" for a bf16 CPU run) and the choices in force
+    (ATen's CPU capability, oneDNN on or off and its ISA limit, MKL's instruction branch; "default" where nothing limits them), the
     library versions and the intra-op thread count; a bf16 run also records its precision.
     Called inside `kernels_for_run`, it describes the run's own settings."""
     import torch
 
     extra = {} if precision == "fp32" else {"precision": precision, "process_kernels": kernels()}
-    return {"kernels": run_kernels(device, precision), **extra, "cpu": cpu_model(), "cpu_flags": cpu_flags(),
+    return {"kernels": run_kernels(device, precision), **extra, "cpu": cpu_model(),
+            "cpu_signature": cpu_signature(), "cpu_flags": cpu_flags(),
             "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "onednn": ("on, max ISA " + (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
                                          or "default") if torch.backends.mkldnn.enabled else "off"),

@@ -105,10 +105,11 @@ def cache(computed, tmp_path) -> Path:
 def test_a_result_records_the_machine_that_computed_it(cache):
     tmp_path = cache
     prov = json.loads(run_path(SMALL, tmp_path).read_text())["provenance"]
-    for field in ("cpu", "cpu_flags", "kernels", "aten_cpu_capability", "onednn", "nnpack", "mkl_cbwr", "torch",
-                  "onednn_version", "mkl_version", "threads", "code_version", "date", "python", "device"):
+    for field in ("cpu", "cpu_signature", "cpu_flags", "kernels", "aten_cpu_capability", "onednn", "nnpack",
+                  "mkl_cbwr", "torch", "onednn_version", "mkl_version", "threads", "code_version", "date", "python", "device"):
         assert field in prov, field
     assert prov["cpu"] == numerics.cpu_model() and "avx2" in prov["cpu_flags"]
+    assert prov["cpu_signature"] == numerics.cpu_signature() != "unknown"
     assert prov["kernels"] == numerics.kernels() == "pinned" and prov["threads"] == 1
     assert prov["code_version"].endswith("-dirty") == ("diff_sha1" in prov)
 
@@ -159,12 +160,12 @@ def test_verify_does_not_demand_the_bits_of_a_run_pinned_to_mkls_avx2_branch(cac
     tmp_path = cache
     path = run_path(SMALL, tmp_path)
     payload = json.loads(path.read_text())
-    payload["provenance"].update(mkl_cbwr=numerics.FIRST_PIN_MKL_CBWR, cpu="AMD EPYC")
+    payload["provenance"].update(mkl_cbwr=numerics.FIRST_PIN_MKL_CBWR, cpu="AMD EPYC", cpu_signature="AuthenticAMD 25/1/1")
     payload["history"][-1]["update_norm"] *= 1 + 1e-7
     path.write_text(json.dumps(payload))
     code, out = _verify(capsys, tmp_path, SMALL.key())
     assert code == 0 and "NOT REPRODUCED" not in out and "0 of 1 bit-identical" in out
-    assert "stored on AMD EPYC, pinned (MKL AVX2,STRICT) kernels" in out
+    assert "stored on AMD EPYC (AuthenticAMD 25/1/1), pinned (MKL AVX2,STRICT) kernels" in out
     assert f"pinned (MKL {numerics.PINNED_ENV['MKL_CBWR']}) kernels" in out
 
 
@@ -206,3 +207,11 @@ def test_the_committed_pinned_reference_run_reproduces_bit_for_bit():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "1 of 1 bit-identical" in proc.stdout, proc.stdout + proc.stderr
     assert "stored on" in proc.stdout and "pinned kernels" in proc.stdout
+
+
+def test_the_cpu_signature_names_vendor_family_model_and_stepping(monkeypatch):
+    info = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "207", "stepping": "2"}
+    monkeypatch.setattr(numerics, "_cpuinfo", lambda: info)
+    assert numerics.cpu_signature() == "GenuineIntel 6/207/2"
+    monkeypatch.setattr(numerics, "_cpuinfo", lambda: {"model name": "Apple M2"})
+    assert numerics.cpu_signature() == "unknown"

@@ -47,8 +47,10 @@ def stored_kernels(payload: dict[str, Any]) -> str:
 
 
 def machine_words(prov: dict[str, Any]) -> str:
-    """A run's machine in a few words: CPU, kernel mode, code version."""
+    """A run's machine in a few words: CPU (with its signature where recorded), kernel mode, code version."""
     cpu = prov.get("cpu") or prov.get("machine") or "unknown CPU"
+    if prov.get("cpu_signature", "unknown") != "unknown":
+        cpu += f" ({prov['cpu_signature']})"
     kernels = prov.get("kernels", "native (before pinning existed)")
     if kernels == "pinned":
         kernels += f" (MKL {prov.get('mkl_cbwr', '?')})"
