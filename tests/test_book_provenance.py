@@ -151,3 +151,24 @@ def test_generated_files_are_built_not_committed():
     rerun = (ROOT / "book" / "rerun.md").read_text(encoding="utf8")
     assert "```{include} _generated/runtime.md" in rerun and "<_generated/runs.csv>" in rerun
 
+
+
+def test_verify_by_group_table_by_hand(tmp_path):
+    def record(key, stored, new, kernels="native", flipped=False):
+        return {"key": key, "label": "x", "gamma": 0.9, "seed": 0, "stored_kernels": kernels, "identical": stored == new,
+                "stored_accuracy": stored, "new_accuracy": new, "stored_collapsed": False, "new_collapsed": flipped,
+                "stored_machine": "a", "new_machine": "b", "collapse_flipped": flipped, "now_kernels": "pinned"}
+
+    logs = tmp_path / "verify"
+    logs.mkdir()
+    (logs / "one.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        record(A.key(), 0.80, 0.80), record(B.key(), 0.70, 0.72), record(C.key(), 0.10, 0.60, flipped=True)]) + "\n")
+    (logs / "two.jsonl").write_text(json.dumps(record(C.key(), 0.60, 0.61)) + "\n"
+                                    + json.dumps(record(D.key(), 0.5, 0.9, kernels="pinned")) + "\n")
+    table = provenance.verify_by_group_table({"g1": [A, B, C], "g2": [C, D], "none": [STALE]}, logs).set_index("group")
+    assert list(table.index) == ["g1", "g2"]  # a group without recomputed runs is left out
+    assert table.loc["g1", "recomputed"] == 4 and table.loc["g1", "bit-identical"] == 1  # C twice
+    assert table.loc["g1", "median change"] == pytest.approx(0.015) and table.loc["g1", "largest change"] == pytest.approx(0.5)
+    assert table.loc["g1", "collapses flipped"] == 1 and table.loc["g1", "at chance once"] == 1
+    assert table.loc["g2", "recomputed"] == 2  # D, stored pinned, is demanded, not measured: left out
+    assert table.loc["g2", "largest change"] == pytest.approx(0.5) and table.loc["g2", "at chance once"] == 1
