@@ -5,8 +5,9 @@ Two kernel modes, fixed for a whole process before torch computes anything:
 - ``pinned`` (the default): meant to give the same run the same bits on any x86-64 CPU with AVX2
   (every server and desktop CPU of the last decade), Intel or AMD, whatever its best instruction
   set (AVX-512, AMX). Checked: the same bits under every maximum ISA of one CPU (Intel Xeon with
-  AMX; AMD EPYC); across vendors, only for the first pin below, which failed; the COMPATIBLE
-  branch is Intel's documented branch for that, not yet checked on an AMD CPU here.
+  AMX; AMD EPYC) and across two Intel Xeon generations (`cpu_signature` 6/167/1 and 6/207/2);
+  across vendors, only for the first pin below, which failed; the COMPATIBLE branch is Intel's
+  documented branch for that, not yet checked on an AMD CPU here.
   ATen's kernels are limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``); MKL runs its
   ``COMPATIBLE`` branch in strict reproducible mode (``MKL_CBWR=COMPATIBLE,STRICT``, Intel's
   "conditional numerical reproducibility": SSE2 without the approximate rcpps/rsqrtps, whose
