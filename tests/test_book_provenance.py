@@ -16,6 +16,7 @@ import pytest
 from fedsteer_lib.book import provenance
 from fedsteer_lib.experiments.config import RunConfig, method
 from fedsteer_lib.experiments.groups import run_groups
+from fedsteer_lib.experiments.registry import METHODS
 from fedsteer_lib.experiments.results import has_run, results_root, run_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +154,7 @@ def test_generated_files_are_built_not_committed():
 
 
 
-def test_verify_by_group_table_by_hand(tmp_path):
+def test_verify_breakdown_by_hand(tmp_path):
     def record(key, stored, new, kernels="native", flipped=False):
         return {"key": key, "label": "x", "gamma": 0.9, "seed": 0, "stored_kernels": kernels, "identical": stored == new,
                 "stored_accuracy": stored, "new_accuracy": new, "stored_collapsed": False, "new_collapsed": flipped,
@@ -165,10 +166,18 @@ def test_verify_by_group_table_by_hand(tmp_path):
         record(A.key(), 0.80, 0.80), record(B.key(), 0.70, 0.72), record(C.key(), 0.10, 0.60, flipped=True)]) + "\n")
     (logs / "two.jsonl").write_text(json.dumps(record(C.key(), 0.60, 0.61)) + "\n"
                                     + json.dumps(record(D.key(), 0.5, 0.9, kernels="pinned")) + "\n")
-    table = provenance.verify_by_group_table({"g1": [A, B, C], "g2": [C, D], "none": [STALE]}, logs).set_index("group")
+    groups = {"g1": [A, B, C], "g2": [C, D], "none": [STALE]}
+    table = provenance.verify_breakdown(groups, logs).set_index("group")
     assert list(table.index) == ["g1", "g2"]  # a group without recomputed runs is left out
     assert table.loc["g1", "recomputed"] == 4 and table.loc["g1", "bit-identical"] == 1  # C twice
     assert table.loc["g1", "median change"] == pytest.approx(0.015) and table.loc["g1", "largest change"] == pytest.approx(0.5)
     assert table.loc["g1", "collapses flipped"] == 1 and table.loc["g1", "at chance once"] == 1
     assert table.loc["g2", "recomputed"] == 2  # D, stored pinned, is demanded, not measured: left out
     assert table.loc["g2", "largest change"] == pytest.approx(0.5) and table.loc["g2", "at chance once"] == 1
+    by_method = provenance.verify_breakdown(groups, logs, by="method").set_index("method")
+    assert list(by_method.index) == [METHODS["fedavg"].display, METHODS["fedvarp"].display]  # MIFA: none; D pinned
+    assert by_method.loc[METHODS["fedavg"].display, "recomputed"] == 2  # A and B
+    assert by_method.loc[METHODS["fedvarp"].display, "recomputed"] == 2  # C in two logs
+    assert by_method.loc[METHODS["fedvarp"].display, "largest change"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="by="):
+        provenance.verify_breakdown(groups, logs, by="seed")

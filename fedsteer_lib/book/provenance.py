@@ -1,7 +1,7 @@
 """Where the committed results come from, and what a rerun elsewhere changes: per run group, how
 many runs, their wall time, and the CPUs, kernels, devices, threads, library and code versions
 recorded in each run's `provenance`; one tidy CSV of every run's summary; what `verify` found
-when committed runs were recomputed (`data/results/verify/*.jsonl`), per log and per run group; the cost of the pinned
+when committed runs were recomputed (`data/results/verify/*.jsonl`), per log, run group and method; the cost of the pinned
 kernels (`data/results/bench/numerics_cost.json`); bfloat16 against float32
 (`precision_report`); and the claims ledger. `make book` writes them into
 `book/_generated/` (not committed) with
@@ -25,7 +25,7 @@ from ..experiments.groups import run_groups
 from ..experiments.results import has_run, load_run, results_root, runs_table
 
 __all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
-           "verify_table", "verify_by_group_table", "verify_markdown", "cost_markdown", "markdown_table", "write_generated"]
+           "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "markdown_table", "write_generated"]
 
 RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "kernels", "CPU", "device",
                    "threads", "torch", "code versions")
@@ -166,31 +166,41 @@ def verify_table(log_dir: str | os.PathLike = VERIFY_DIR) -> pd.DataFrame:
                                        "collapses flipped", "stored with", "recomputed with"])
 
 
-def verify_by_group_table(groups: Mapping[str, Sequence[RunConfig]], log_dir: str | os.PathLike = VERIFY_DIR,
-                          ) -> pd.DataFrame:
-    """What a rerun with other kernels moved, per run group: every recomputation of a stored,
-    not pinned run in the `verify` logs (a run that several groups share counts in each, a run
-    recomputed in two logs counts twice; within one log its last record counts): how many, how many bit-identical, the median and largest
-    absolute change of the final accuracy, the collapses (non-finite updates) that flipped, and
-    the runs that ended at chance (`CHANCE_ACCURACY`) one time and above it the other. Runs stored with
-    pinned kernels are left out: their bits are demanded, not measured. Groups without any
-    recomputed run are left out."""
+def verify_breakdown(groups: Mapping[str, Sequence[RunConfig]], log_dir: str | os.PathLike = VERIFY_DIR,
+                     by: str = "group") -> pd.DataFrame:
+    """What a rerun with other kernels moved, per run group (`by="group"`) or per method, variants
+    included, under its display name (`by="method"`): every recomputation of a stored, not pinned
+    run in the `verify` logs (per group, a run that several groups share counts in each; a run
+    recomputed in two logs counts twice, and within one log its last record counts): how many, how
+    many bit-identical, the median and largest absolute change of the final accuracy, the
+    collapses (non-finite updates) that flipped, and the runs that ended at chance
+    (`CHANCE_ACCURACY`) one time and above it the other. Runs stored with pinned kernels are left
+    out: their bits are demanded, not measured. Rows without any recomputed run are left out."""
+    from ..experiments.registry import METHODS
     from ..experiments.verify import read_log
 
+    if by not in ("group", "method"):
+        raise ValueError(f"by={by!r}: one of 'group', 'method'")
     records = pd.DataFrame([r for path in sorted(Path(log_dir).glob("*.jsonl")) for r in read_log([path])])
-    columns = ["group", "recomputed", "bit-identical", "median change", "largest change", "collapses flipped",
+    columns = [by, "recomputed", "bit-identical", "median change", "largest change", "collapses flipped",
                "at chance once"]
     if records.empty:
         return pd.DataFrame(columns=columns)
     records = records[records["stored_kernels"] != "pinned"]
+    if by == "group":
+        members = {name: {c.key() for c in configs} for name, configs in groups.items()}
+    else:
+        members = {}
+        for configs in groups.values():
+            for c in configs:
+                members.setdefault(METHODS[c.method.name].display, set()).add(c.key())
     rows = []
-    for name, configs in groups.items():
-        keys = {c.key() for c in configs}
+    for name, keys in members.items():
         mine = records[records["key"].isin(keys)]
         if mine.empty:
             continue
         change = (mine["new_accuracy"] - mine["stored_accuracy"]).abs()
-        rows.append({"group": name, "recomputed": len(mine), "bit-identical": int(mine["identical"].sum()),
+        rows.append({by: name, "recomputed": len(mine), "bit-identical": int(mine["identical"].sum()),
                      "median change": float(change.median()), "largest change": float(change.max()),
                      "collapses flipped": int(mine["collapse_flipped"].sum()),
                      "at chance once": int(((mine["stored_accuracy"] <= CHANCE_ACCURACY)
@@ -241,12 +251,13 @@ def write_generated(out_dir: str | os.PathLike, dataset: str = "fmnist", profile
     root = results_root(profile) if root is None else Path(root)
     groups = run_groups(dataset, profile, root=root)
     paths = {"runtime": out / "runtime.md", "runs": out / "runs.csv", "verify": out / "verify.md",
-             "verify_groups": out / "verify_groups.md",
+             "verify_groups": out / "verify_groups.md", "verify_methods": out / "verify_methods.md",
              "cost": out / "numerics_cost.md", "precision": out / "precision.md"}
     _write_if_changed(paths["runtime"], runtime_markdown(runtime_table(groups, root)))
     _write_if_changed(paths["runs"], all_runs_table(groups, root).to_csv(index=False))
     _write_if_changed(paths["verify"], verify_markdown(verify_table(Path(root) / "verify")))
-    _write_if_changed(paths["verify_groups"], verify_markdown(verify_by_group_table(groups, Path(root) / "verify")))
+    for by in ("group", "method"):
+        _write_if_changed(paths[f"verify_{by}s"], verify_markdown(verify_breakdown(groups, Path(root) / "verify", by)))
     _write_if_changed(paths["cost"], cost_markdown(Path(root) / "bench" / "numerics_cost.json"))
     from .precision_report import precision_markdown
 
