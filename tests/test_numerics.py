@@ -215,3 +215,28 @@ def test_the_cpu_signature_names_vendor_family_model_and_stepping(monkeypatch):
     assert numerics.cpu_signature() == "GenuineIntel 6/207/2"
     monkeypatch.setattr(numerics, "_cpuinfo", lambda: {"model name": "Apple M2"})
     assert numerics.cpu_signature() == "unknown"
+
+
+def test_a_stratified_sample_takes_every_strata_first_draw_before_any_second(monkeypatch):
+    from fedsteer_lib.experiments import results
+    from fedsteer_lib.experiments.verify import select
+
+    monkeypatch.setattr(results, "has_run", lambda config, root: True)
+    configs = [SMALL.replace(method=method(m), system=FLSystem(num_clients=20, gamma=g, validation_size=1000), seed=s)
+               for m in ("fedavg", "fedvarp") for g in (0.9, 0.7) for s in range(4)]
+    drawn = select({"g": configs}, "unused", sample=2, seed=0, stratify=True)
+    strata = [(c.method.label, c.system.gamma) for c in drawn]
+    assert len(drawn) == 8 and len(set(strata[:4])) == 4 and len(set(strata[4:])) == 4
+    assert set(strata[:4]) == set(strata[4:]) and len({c.key() for c in drawn}) == 8
+
+
+def test_verify_skip_logged_leaves_out_the_runs_its_log_has(cache, capsys, tmp_path):
+    log = tmp_path / "done.jsonl"
+    log.write_text(json.dumps({"key": SMALL.key()}) + "\n")
+    args = ["verify", "--profile", "quick", "--results", str(cache), "--key", SMALL.key(), "--log", str(log)]
+    assert cli.main([*args, "--skip-logged"]) == 0
+    out = capsys.readouterr().out
+    assert f"leaving out 1 runs already in {log}" in out and "nothing to verify" in out
+    with pytest.raises(SystemExit):
+        cli.main(["verify", "--profile", "quick", "--results", str(cache), "--key", SMALL.key(), "--skip-logged"])
+    assert "--skip-logged goes with --log FILE" in capsys.readouterr().err

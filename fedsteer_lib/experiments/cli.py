@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--stratify", action="store_true", help="with --sample: N runs per group, method and gamma")
             p.add_argument("--seed", type=int, default=0, help="the seed of the random draw (default 0)")
             p.add_argument("--log", default=None, metavar="FILE", help="append every comparison to this JSON-lines file")
+            p.add_argument("--skip-logged", action="store_true",
+                           help="with --log: leave out the runs FILE already has a comparison for (resumes a long "
+                                "verify)")
             p.add_argument("--replace-unpinned", action="store_true",
                            help="write the recomputed (pinned) result in place of a stored run computed without "
                                 "pinned kernels; only those runs of the selection are recomputed")
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sample must be an integer >= 1, got {args.sample}")
     if getattr(args, "stratify", False) and getattr(args, "sample", None) is None:
         parser.error("--stratify goes with --sample N")
+    if getattr(args, "skip_logged", False) and not args.log:
+        parser.error("--skip-logged goes with --log FILE")
     if getattr(args, "client_batch", 1) < 1:
         parser.error(f"--client-batch must be an integer >= 1, got {args.client_batch}")
     if getattr(args, "workers", 1) < 1:
@@ -385,7 +390,9 @@ def run_summary(config, payload: dict, outcome: str, path) -> str:
 def _verify(args, groups, root, parser) -> int:
     """`verify`: recompute the selected stored runs, print one comparison each and a summary;
     exit status 1 when a run stored with pinned kernels does not come back bit for bit."""
-    from .verify import select, stored_kernels, verify_runs
+    from pathlib import Path
+
+    from .verify import read_log, select, stored_kernels, verify_runs
     from .results import load_run
 
     unknown = [g for g in args.group if g not in groups]
@@ -398,6 +405,10 @@ def _verify(args, groups, root, parser) -> int:
         parser.error(str(err))
     if args.replace_unpinned:
         configs = [c for c in configs if stored_kernels(load_run(c, root)) != "pinned"]
+    if args.skip_logged and Path(args.log).is_file():
+        logged = {r["key"] for r in read_log([args.log])}
+        print(f"leaving out {sum(c.key() in logged for c in configs)} runs already in {args.log}")
+        configs = [c for c in configs if c.key() not in logged]
     if not configs:
         print("nothing to verify: no stored run matches" + (" that is not already pinned" if args.replace_unpinned else ""))
         return 0

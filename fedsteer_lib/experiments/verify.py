@@ -123,7 +123,8 @@ def compare(payload: dict[str, Any], result, new_provenance: dict[str, Any]) -> 
 def select(configs_by_group: dict[str, list[RunConfig]], root, *, sample: int | None = None, seed: int = 0,
            keys: Sequence[str] = (), stratify: bool = False) -> list[RunConfig]:
     """The stored runs to recompute: those of `keys`, else of the groups (all of them, or a
-    random `sample` of N drawn with `seed`; with `stratify`, N per (group, method, gamma))."""
+    random `sample` of N drawn with `seed`; with `stratify`, N per (group, method, gamma), every
+    stratum's first draw first)."""
     from .results import has_run
 
     if keys:
@@ -147,10 +148,13 @@ def select(configs_by_group: dict[str, list[RunConfig]], root, *, sample: int | 
     strata: dict[tuple, list[RunConfig]] = {}
     for g, c in stored:
         strata.setdefault((g, c.method.label, c.system.gamma), []).append(c)
-    out = []
+    draws = []
     for key in sorted(strata, key=str):
         members = sorted(strata[key], key=lambda c: c.key())
-        out += rand.sample(members, min(sample, len(members)))
+        draws.append(rand.sample(members, min(sample, len(members))))
+    # Every stratum's first draw before any stratum's second: a verify cut off early has still
+    # covered as many strata as it could.
+    out = [d[i] for i in range(sample) for d in draws if i < len(d)]
     return list({c.key(): c for c in out}.values())
 
 
