@@ -260,8 +260,9 @@ def machine(device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
     """What a result's provenance records of the process that computed it: the CPU (model name,
     `cpu_signature`) and the features that decide its kernels, the kernels of the run
     (`run_kernels`: the process's mode, or "bf16" for a bf16 CPU run) and the choices in force
-    (ATen's CPU capability, oneDNN on or off and its ISA limit, MKL's instruction branch; "default" where nothing limits them), the
-    library versions and the intra-op thread count; a bf16 run also records its precision.
+    (ATen's CPU capability, oneDNN on or off and its ISA limit, MKL's instruction branch;
+    "default" where nothing limits them), the library versions and the intra-op thread count; a
+    bf16 run also records its precision.
     Called inside `kernels_for_run`, it describes the run's own settings."""
     import torch
 

@@ -1,8 +1,8 @@
 """Where the committed results come from, and what a rerun elsewhere changes: per run group, how
 many runs, their wall time, and the CPUs, kernels, devices, threads, library and code versions
 recorded in each run's `provenance`; one tidy CSV of every run's summary; what `verify` found
-when committed runs were recomputed (`data/results/verify/*.jsonl`), per log, run group and method; the cost of the pinned
-kernels (`data/results/bench/numerics_cost.json`); bfloat16 against float32
+when committed runs were recomputed (`data/results/verify/*.jsonl`), per log, run group and
+method; the cost of the pinned kernels (`data/results/bench/numerics_cost.json`); bfloat16 against float32
 (`precision_report`); and the claims ledger. `make book` writes them into
 `book/_generated/` (not committed) with
 
@@ -25,7 +25,8 @@ from ..experiments.groups import run_groups
 from ..experiments.results import has_run, load_run, results_root, runs_table
 
 __all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
-           "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "markdown_table", "write_generated"]
+           "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "markdown_table",
+           "write_generated"]
 
 RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "kernels", "CPU", "device",
                    "threads", "torch", "code versions")
@@ -145,6 +146,14 @@ def all_runs_table(groups: Mapping[str, Sequence[RunConfig]], root: str | os.Pat
     return table
 
 
+def _changes(records: pd.DataFrame) -> dict[str, Any]:
+    """Of `verify` records: how many bit-identical, the median and largest absolute change of the
+    final accuracy, and the collapses that flipped."""
+    change = (records["new_accuracy"] - records["stored_accuracy"]).abs()
+    return {"bit-identical": int(records["identical"].sum()), "median change": float(change.median()),
+            "largest change": float(change.max()), "collapses flipped": int(records["collapse_flipped"].sum())}
+
+
 def verify_table(log_dir: str | os.PathLike = VERIFY_DIR) -> pd.DataFrame:
     """What recomputing committed runs changed, one row per `verify` log (`<name>.jsonl`: the runs
     of one group, or Table 1's recompute with pinned kernels): runs recomputed, how many came
@@ -157,10 +166,7 @@ def verify_table(log_dir: str | os.PathLike = VERIFY_DIR) -> pd.DataFrame:
         records = pd.DataFrame(read_log([path]))
         if records.empty:
             continue
-        change = (records["new_accuracy"] - records["stored_accuracy"]).abs()
-        rows.append({"recomputed": path.stem, "runs": len(records), "bit-identical": int(records["identical"].sum()),
-                     "median change": float(change.median()), "largest change": float(change.max()),
-                     "collapses flipped": int(records["collapse_flipped"].sum()),
+        rows.append({"recomputed": path.stem, "runs": len(records), **_changes(records),
                      "stored with": _counts(records["stored_kernels"]), "recomputed with": _counts(records["now_kernels"])})
     return pd.DataFrame(rows, columns=["recomputed", "runs", "bit-identical", "median change", "largest change",
                                        "collapses flipped", "stored with", "recomputed with"])
@@ -199,10 +205,7 @@ def verify_breakdown(groups: Mapping[str, Sequence[RunConfig]], log_dir: str | o
         mine = records[records["key"].isin(keys)]
         if mine.empty:
             continue
-        change = (mine["new_accuracy"] - mine["stored_accuracy"]).abs()
-        rows.append({by: name, "recomputed": len(mine), "bit-identical": int(mine["identical"].sum()),
-                     "median change": float(change.median()), "largest change": float(change.max()),
-                     "collapses flipped": int(mine["collapse_flipped"].sum()),
+        rows.append({by: name, "recomputed": len(mine), **_changes(mine),
                      "at chance once": int(((mine["stored_accuracy"] <= CHANCE_ACCURACY)
                                             != (mine["new_accuracy"] <= CHANCE_ACCURACY)).sum())})
     return pd.DataFrame(rows, columns=columns)

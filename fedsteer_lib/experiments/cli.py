@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 
@@ -390,8 +391,6 @@ def run_summary(config, payload: dict, outcome: str, path) -> str:
 def _verify(args, groups, root, parser) -> int:
     """`verify`: recompute the selected stored runs, print one comparison each and a summary;
     exit status 1 when a run stored with pinned kernels does not come back bit for bit."""
-    from pathlib import Path
-
     from .verify import read_log, select, stored_kernels, verify_runs
     from .results import load_run
 
@@ -405,7 +404,7 @@ def _verify(args, groups, root, parser) -> int:
         parser.error(str(err))
     if args.replace_unpinned:
         configs = [c for c in configs if stored_kernels(load_run(c, root)) != "pinned"]
-    if args.skip_logged and Path(args.log).is_file():
+    if args.skip_logged and os.path.isfile(args.log):
         logged = {r["key"] for r in read_log([args.log])}
         print(f"leaving out {sum(c.key() in logged for c in configs)} runs already in {args.log}")
         configs = [c for c in configs if c.key() not in logged]
