@@ -139,6 +139,21 @@ def test_verify_says_bit_identical_for_a_pinned_run(cache, capsys):
     tmp_path = cache
     code, out = _verify(capsys, tmp_path, SMALL.key())
     assert code == 0 and f"{SMALL.key()}  fedavg" in out and ": bit-identical" in out and "1 of 1 bit-identical" in out
+    assert "1 of 1 done in " in out and " left" not in out
+
+
+def test_verify_estimates_the_time_left_from_the_stored_runs_own_times():
+    from fedsteer_lib.experiments.verify import Progress
+
+    now = [0.0]
+    progress = Progress({"short": 60.0, "long": 600.0, "skipped": 60.0}, clock=lambda: now[0])
+    now[0] = 120.0  # this machine takes twice the stored time
+    assert progress.finish("short") == "1 of 3 done in 2 min, about 22 min left"
+    assert progress.finish("skipped", computed=False) == "2 of 3 done in 2 min, about 20 min left"
+    now[0] = 1320.0
+    assert progress.finish("long") == "3 of 3 done in 22 min"
+    counted_alike = Progress({"a": 0.0, "b": 50.0}, clock=lambda: 0.0)  # a run without a stored time
+    assert counted_alike.costs == {"a": 1.0, "b": 1.0}
 
 
 def test_verify_fails_when_a_pinned_run_does_not_come_back(cache, capsys):

@@ -25,7 +25,7 @@ from .config import RunConfig
 from .results import _clean, load_run, run_path, save_run
 from .sweep import run_lock
 
-__all__ = ["Comparison", "compare", "select", "verify_runs", "stored_kernels", "machine_words"]
+__all__ = ["Comparison", "Progress", "compare", "select", "verify_runs", "stored_kernels", "machine_words"]
 
 # What a run records per round that any change of the arithmetic shows in.
 ROUND_FIELDS = ("round", "num_active", "accuracy", "loss", "train_loss", "update_norm", "collapsed")
@@ -159,8 +159,8 @@ def select(configs_by_group: dict[str, list[RunConfig]], root, *, sample: int | 
 
 
 def _verify_one(args: tuple[RunConfig, str, int, bool]):
-    """Recompute one stored run: (stored payload, RunResult), or None when `replace` and the run
-    is already pinned or another process is replacing it (its lock is held)."""
+    """Recompute one stored run: (key, (stored payload, RunResult)), the outcome None when
+    `replace` and the run is already pinned or another process is replacing it (its lock is held)."""
     import torch
 
     from ..simulator.engine import run
@@ -168,22 +168,55 @@ def _verify_one(args: tuple[RunConfig, str, int, bool]):
     config, root, threads, replace = args
     torch.set_num_threads(threads)
     if not replace:
-        return load_run(config, root), run(config, progress=False)
+        return config.key(), (load_run(config, root), run(config, progress=False))
     with run_lock(config, root, wait=False) as held:
         if not held:
-            return None
+            return config.key(), None
         payload = load_run(config, root)
         if stored_kernels(payload) == "pinned":
-            return None
+            return config.key(), None
         result = run(config, progress=False)
         save_run(result, config, root)
-        return payload, result
+        return config.key(), (payload, result)
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+class Progress:
+    """How far a long verify has come and about how long it has left: the stored runs' own wall
+    times (summary.wall_time, from the machines that first computed them) weigh the runs, scaled
+    by how fast this machine has gone through the finished ones, so that an hour-long run left
+    for last is not estimated like a one-minute one. Runs without a stored time count alike."""
+
+    def __init__(self, costs: dict[str, float], clock=None):
+        import time
+
+        self.clock = clock or time.monotonic
+        self.start = self.clock()
+        self.costs = costs if all(costs.values()) else dict.fromkeys(costs, 1.0)
+        self.total, self.finished, self.done_cost = len(costs), 0, 0.0
+        self.left_cost = sum(self.costs.values())
+
+    def finish(self, key: str, computed: bool = True) -> str:
+        """Count run `key` as finished (`computed` False: skipped, it took no time) and say where
+        the whole stands."""
+        self.finished += 1
+        self.left_cost -= self.costs[key]
+        self.done_cost += self.costs[key] if computed else 0.0
+        elapsed = self.clock() - self.start
+        words = f"{self.finished} of {self.total} done in {_duration(elapsed)}"
+        if self.finished < self.total and self.done_cost > 0:
+            words += f", about {_duration(elapsed * self.left_cost / self.done_cost)} left"
+        return words
 
 
 def verify_runs(configs: Sequence[RunConfig], root, *, workers: int = 1, log: str | os.PathLike | None = None,
                 replace_unpinned: bool = False, on_result=print) -> list[Comparison]:
     """Recompute `configs` (stored runs) and compare each with its stored result; `on_result`
-    gets each comparison's `line()` as it finishes. With `replace_unpinned`, a recomputed run
+    gets each comparison's `line()` as it finishes, with how far the whole has come (`Progress`). With `replace_unpinned`, a recomputed run
     whose stored result was not computed with pinned kernels replaces it (this process must be
     in the pinned mode); the runs are then taken seed by seed, each under its run lock, so that
     several such processes share the work and one killed at any moment loses only its current run."""
@@ -194,16 +227,19 @@ def verify_runs(configs: Sequence[RunConfig], root, *, workers: int = 1, log: st
     configs = [c.replace(device="cpu") for c in configs]
     if replace_unpinned:
         configs.sort(key=lambda c: (c.seed, c.method.name == "full"))
+    progress = Progress({c.key(): float(load_run(c, root)["summary"].get("wall_time") or 0.0) for c in configs})
     log_file = open(log, "a") if log else None
     out: list[Comparison] = []
 
-    def done(outcome) -> None:
+    def done(key_outcome) -> None:
+        key, outcome = key_outcome
         if outcome is None:
+            progress.finish(key, computed=False)
             return
         payload, result = outcome
         comparison = compare(payload, result, provenance("cpu", result.machine))
         out.append(comparison)
-        on_result(comparison.line())
+        on_result(comparison.line() + "\n    " + progress.finish(key))
         if log_file:
             log_file.write(json.dumps(comparison.record()) + "\n")
             log_file.flush()
