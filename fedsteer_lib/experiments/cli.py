@@ -402,17 +402,18 @@ def _verify(args, groups, root, parser) -> int:
         configs = select(chosen, root, sample=args.sample, seed=args.seed, keys=args.key, stratify=args.stratify)
     except ValueError as err:
         parser.error(str(err))
-    if args.replace_unpinned:
-        configs = [c for c in configs if stored_kernels(load_run(c, root)) != "pinned"]
     if args.skip_logged and os.path.isfile(args.log):
         logged = {r["key"] for r in read_log([args.log])}
         print(f"leaving out {sum(c.key() in logged for c in configs)} runs already in {args.log}")
         configs = [c for c in configs if c.key() not in logged]
-    if not configs:
+    runs = [(c, load_run(c, root)) for c in configs]
+    if args.replace_unpinned:
+        runs = [(c, payload) for c, payload in runs if stored_kernels(payload) != "pinned"]
+    if not runs:
         print("nothing to verify: no stored run matches" + (" that is not already pinned" if args.replace_unpinned else ""))
         return 0
-    print(f"recomputing {len(configs)} stored runs with {numerics.kernels()} kernels on {numerics.cpu_model()}", flush=True)
-    out = verify_runs(configs, root, workers=args.workers, log=args.log, replace_unpinned=args.replace_unpinned,
+    print(f"recomputing {len(runs)} stored runs with {numerics.kernels()} kernels on {numerics.cpu_model()}", flush=True)
+    out = verify_runs(runs, root, workers=args.workers, log=args.log, replace_unpinned=args.replace_unpinned,
                       on_result=lambda line: print(line, flush=True))
     same = sum(c.identical for c in out)
     flipped = sum(c.collapse_flipped for c in out)

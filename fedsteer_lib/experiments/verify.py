@@ -159,8 +159,8 @@ def select(configs_by_group: dict[str, list[RunConfig]], root, *, sample: int | 
 
 
 def _verify_one(args: tuple[RunConfig, str, int, bool]):
-    """Recompute one stored run: (key, (stored payload, RunResult)), the outcome None when
-    `replace` and the run is already pinned or another process is replacing it (its lock is held)."""
+    """Recompute one stored run: (key, RunResult), the result None when `replace` and the run is
+    already pinned on disk (another process replaced it) or another process holds its lock."""
     import torch
 
     from ..simulator.engine import run
@@ -168,16 +168,14 @@ def _verify_one(args: tuple[RunConfig, str, int, bool]):
     config, root, threads, replace = args
     torch.set_num_threads(threads)
     if not replace:
-        return config.key(), (load_run(config, root), run(config, progress=False))
+        return config.key(), run(config, progress=False)
     with run_lock(config, root, wait=False) as held:
-        if not held:
-            return config.key(), None
-        payload = load_run(config, root)
-        if stored_kernels(payload) == "pinned":
+        # Read again under the lock: what is on disk now, not what the caller read before.
+        if not held or stored_kernels(load_run(config, root)) == "pinned":
             return config.key(), None
         result = run(config, progress=False)
         save_run(result, config, root)
-        return config.key(), (payload, result)
+        return config.key(), result
 
 
 def _duration(seconds: float) -> str:
@@ -213,31 +211,34 @@ class Progress:
         return words
 
 
-def verify_runs(configs: Sequence[RunConfig], root, *, workers: int = 1, log: str | os.PathLike | None = None,
-                replace_unpinned: bool = False, on_result=print) -> list[Comparison]:
-    """Recompute `configs` (stored runs) and compare each with its stored result; `on_result`
-    gets each comparison's `line()` as it finishes, with how far the whole has come (`Progress`). With `replace_unpinned`, a recomputed run
-    whose stored result was not computed with pinned kernels replaces it (this process must be
-    in the pinned mode); the runs are then taken seed by seed, each under its run lock, so that
-    several such processes share the work and one killed at any moment loses only its current run."""
+def verify_runs(runs: Sequence[tuple[RunConfig, dict[str, Any]]], root, *, workers: int = 1,
+                log: str | os.PathLike | None = None, replace_unpinned: bool = False,
+                on_result=print) -> list[Comparison]:
+    """Recompute stored runs, given as (config, stored payload) pairs, and compare each with its
+    stored result; `on_result` gets each comparison's `line()` as it finishes, with how far the
+    whole has come (`Progress`). With `replace_unpinned`, a recomputed run whose stored result
+    was not computed with pinned kernels replaces it (this process must be in the pinned mode);
+    the runs are then taken seed by seed, each under its run lock, so that several such
+    processes share the work and one killed at any moment loses only its current run."""
     from .results import provenance
 
     if replace_unpinned and numerics.kernels() != "pinned":
         raise numerics.NumericsError("replacing unpinned results needs pinned kernels (this process is native)")
-    configs = [c.replace(device="cpu") for c in configs]
+    runs = [(c.replace(device="cpu"), payload) for c, payload in runs]
+    stored = {c.key(): payload for c, payload in runs}
+    configs = [c for c, _ in runs]
     if replace_unpinned:
         configs.sort(key=lambda c: (c.seed, c.method.name == "full"))
-    progress = Progress({c.key(): float(load_run(c, root)["summary"].get("wall_time") or 0.0) for c in configs})
+    progress = Progress({k: float(p["summary"].get("wall_time") or 0.0) for k, p in stored.items()})
     log_file = open(log, "a") if log else None
     out: list[Comparison] = []
 
-    def done(key_outcome) -> None:
-        key, outcome = key_outcome
-        if outcome is None:
+    def done(key_result) -> None:
+        key, result = key_result
+        if result is None:
             progress.finish(key, computed=False)
             return
-        payload, result = outcome
-        comparison = compare(payload, result, provenance("cpu", result.machine))
+        comparison = compare(stored[key], result, provenance("cpu", result.machine))
         out.append(comparison)
         on_result(comparison.line() + "\n    " + progress.finish(key))
         if log_file:
@@ -253,8 +254,8 @@ def verify_runs(configs: Sequence[RunConfig], root, *, workers: int = 1, log: st
                 done(_verify_one(args))
         else:
             with mp.get_context("spawn").Pool(workers) as pool:
-                for outcome in pool.imap_unordered(_verify_one, todo):
-                    done(outcome)
+                for key_result in pool.imap_unordered(_verify_one, todo):
+                    done(key_result)
     finally:
         if log_file:
             log_file.close()
