@@ -255,3 +255,34 @@ def test_verify_skip_logged_leaves_out_the_runs_its_log_has(cache, capsys, tmp_p
     with pytest.raises(SystemExit):
         cli.main(["verify", "--profile", "quick", "--results", str(cache), "--key", SMALL.key(), "--skip-logged"])
     assert "--skip-logged goes with --log FILE" in capsys.readouterr().err
+
+
+# --- bench/op_trace.py: the first operation whose bits differ between two machines ----------------
+def test_op_trace_names_the_first_operation_whose_output_differs(cache, tmp_path):
+    def trace(out: Path) -> None:
+        proc = subprocess.run([sys.executable, "bench/op_trace.py", SMALL.key(), "--rounds", "2", "--results", str(cache),
+                               "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert "history identical to the stored run's" in proc.stdout, proc.stdout
+
+    def compare(a: Path, b: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "bench/op_trace.py", "--compare", str(a), str(b)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    trace(first)
+    trace(second)
+    same = compare(first, second)
+    assert same.returncode == 0 and "the traces agree on every operation" in same.stdout, same.stdout
+    lines = first.read_text().splitlines()
+    ops = [json.loads(line) for line in lines[1:]]
+    assert {(op["call"], op["round"]) for op in ops} >= {("aggregate", 0), ("update", 0), ("aggregate", 1), ("update", 1)}
+    # Another machine: the same inputs, another output, at the first operation that writes a tensor.
+    i = next(i for i, op in enumerate(ops) if op["op"] not in ("<enter>", "<return>") and op["out"])
+    ops[i]["out"][0]["sha1"] = "0" * 12
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join([lines[0], *map(json.dumps, ops)]) + "\n")
+    differs = compare(first, other)
+    assert differs.returncode == 1, differs.stdout
+    assert f"operation {i} ({ops[i]['op']} in {ops[i]['call']}, round {ops[i]['round']}) differs first, with same inputs" \
+        in differs.stdout, differs.stdout

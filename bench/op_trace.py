@@ -1,0 +1,192 @@
+"""Which operation gives other bits on another CPU: a trace of every tensor operation of the server.
+
+`verify` says that a stored run did not come back bit for bit, and from which round on; this
+script says which operation is the first to differ. It recomputes the first --rounds rounds of a
+stored run (with the process's kernels, pinned by default) and records every ATen operation the
+server strategy runs (warm-up snapshots, aggregate, update, observe): its name, the shapes and a
+hash of every tensor it reads and writes, in order. The client updates the server receives and
+the update it returns are recorded the same way, so a difference in client training shows up as
+a difference in the server's inputs. Computed on two machines, the two traces are compared
+record by record: the first operation whose inputs agree and whose output does not is the one
+whose kernels differ between the two CPUs.
+
+    .venv/bin/python bench/op_trace.py KEY [--rounds 6] [--results DIR] [--out data/results/verify/traces/KEY-<cpu>.jsonl]
+    .venv/bin/python bench/op_trace.py --compare TRACE_A TRACE_B
+
+Recording does not change the arithmetic (every operation runs as it would, then its output is
+hashed); the run's history is checked against the stored one and the first round that differs
+is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "data" / "results" / "verify" / "traces"
+SERVER_CALLS = ("warmup_snapshot", "aggregate", "update", "observe")
+
+
+def tensor_record(t) -> dict[str, Any]:
+    """A tensor's dtype, shape and the sha1 (12 hex) of its values, in row-major order."""
+    import torch
+
+    data = t.detach().cpu().contiguous()
+    raw = data.view(torch.uint8) if data.dtype in (torch.bfloat16, torch.float16) else data
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+            "sha1": hashlib.sha1(raw.numpy().tobytes()).hexdigest()[:12]}
+
+
+def _tensors(tree) -> list:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def record_run(key: str, rounds: int, out: Path, results: Path | None = None) -> None:
+    import fedsteer_lib  # noqa: F401  (pins the kernels before torch computes)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fedsteer_lib.experiments.config import RunConfig
+    from fedsteer_lib.experiments.results import _code_version, results_root
+    from fedsteer_lib.simulator import engine
+
+    path = Path(results or results_root("paper")) / "runs" / f"{key}.json"
+    if not path.is_file():
+        sys.exit(f"op_trace: no stored run {path}")
+    stored = json.loads(path.read_text())
+    config = RunConfig.from_dict(stored["config"])
+    if rounds < 1 or rounds > config.training.rounds:
+        sys.exit(f"op_trace: --rounds must be between 1 and the run's {config.training.rounds}")
+    config = config.replace(training=dataclasses.replace(config.training, rounds=rounds))
+    records: list[dict[str, Any]] = []
+    where = {"call": None, "round": None}
+    last_update = [-1]
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            records.append({**where, "op": str(func.overloadpacket.__name__) + "." + func._overloadname,
+                            "in": [tensor_record(t) for t in _tensors((args, kwargs))],
+                            "out": [tensor_record(t) for t in _tensors(result)]})
+            return result
+
+    def traced(name: str, method):
+        def call(*args, **kwargs):
+            where.update(call=name, round=_round_of(name, args, kwargs, last_update[0]))
+            if name == "update":
+                last_update[0] = where["round"]
+            tensors = [tensor_record(t) for t in _tensors((args[1:], kwargs))]  # args[0] is the state
+            records.append({**where, "op": "<enter>", "in": tensors, "out": []})
+            with Recorder():
+                result = method(*args, **kwargs)
+            records.append({**where, "op": "<return>", "in": [], "out": [tensor_record(t) for t in _tensors(result)]})
+            return result
+        return call
+
+    setup = engine.server_setup
+
+    def traced_setup(cfg, sim):
+        strategy, ctx, state = setup(cfg, sim)
+        for name in SERVER_CALLS:
+            setattr(strategy, name, traced(name, getattr(strategy, name)))
+        return strategy, ctx, state
+
+    engine.server_setup = traced_setup
+    result = engine.run(config, progress=False)
+    first = first_difference(stored["history"], result.history)
+    machine = result.machine
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        f.write(json.dumps({"key": key, "rounds": rounds, "machine": machine, "code_version": _code_version(),
+                            "first_round_that_differs_from_stored": first}) + "\n")
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    print(f"{len(records)} operations traced over {rounds} rounds on {machine['cpu']} ({machine['cpu_signature']}), "
+          f"{machine['kernels']} kernels -> {out}")
+    print("history identical to the stored run's" if first is None else
+          f"history first differs from the stored run's at {first}")
+
+
+def _round_of(name: str, args: tuple, kwargs: dict, last_update: int) -> int:
+    """The round a server call belongs to: its round_idx argument; for aggregate, the round after
+    the last update's; for warm-up snapshots, -1 - the cycle."""
+    if name == "update":
+        return int(args[5] if len(args) > 5 else kwargs["round_idx"])
+    if name == "observe":
+        return int(args[4] if len(args) > 4 else kwargs["round_idx"])
+    if name == "warmup_snapshot":
+        return -1 - int(args[3] if len(args) > 3 else kwargs["cycle"])
+    return last_update + 1
+
+
+def first_difference(stored: list[dict], new: list[dict]) -> str | None:
+    """Where the recorded numbers first differ ("round R, field: stored -> new"), or None. A
+    number the stored run did not record is not compared (a run cut short evaluates its last
+    round, which the full run may not)."""
+    for a, b in zip(stored, new):
+        for k, v in a.items():
+            w = b.get(k)
+            if v is not None and v != w:
+                return f"round {a['round']}, {k}: {v} -> {w}"
+    return None
+
+
+def read(path: Path) -> tuple[dict, Iterator[dict]]:
+    lines = path.read_text().splitlines()
+    return json.loads(lines[0]), (json.loads(line) for line in lines[1:])
+
+
+def compare(a: Path, b: Path) -> int:
+    """Print the first operation whose output differs between traces a and b; exit status 1 then."""
+    head_a, ops_a = read(a)
+    head_b, ops_b = read(b)
+    for name, head in ((a, head_a), (b, head_b)):
+        m = head["machine"]
+        print(f"{name.name}: {m['cpu']} ({m['cpu_signature']}), {m['kernels']} kernels, MKL {m['mkl_cbwr']}")
+    for i, (x, y) in enumerate(zip(ops_a, ops_b)):
+        if (x["call"], x["round"], x["op"]) != (y["call"], y["round"], y["op"]):
+            print(f"operation {i}: the traces run different operations ({x['op']} in {x['call']} vs {y['op']} in {y['call']})")
+            return 1
+        if x["in"] != y["in"] or x["out"] != y["out"]:
+            inputs = "same inputs" if x["in"] == y["in"] else "different inputs"
+            shapes = ", ".join("x".join(map(str, t["shape"])) + f" {t['dtype']}" for t in x["in"])
+            print(f"operation {i} ({x['op']} in {x['call']}, round {x['round']}) differs first, with {inputs}: "
+                  f"reads {shapes or 'nothing'}")
+            return 1
+    print("the traces agree on every operation they both hold")
+    return 0
+
+
+def _cpu_word(signature: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", signature).strip("-").lower()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("key", nargs="?", help="a stored run of data/results")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--results", type=Path, help="results directory (default data/results)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("TRACE_A", "TRACE_B"))
+    args = parser.parse_args()
+    if args.compare:
+        return compare(*args.compare)
+    if not args.key:
+        parser.error("give a run key, or --compare TRACE_A TRACE_B")
+    from fedsteer_lib.numerics import cpu_signature
+
+    out = args.out or TRACES / f"{args.key}-{_cpu_word(cpu_signature())}.jsonl"
+    record_run(args.key, args.rounds, out, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
