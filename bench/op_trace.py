@@ -12,6 +12,12 @@ whose kernels differ between the two CPUs.
 
     .venv/bin/python bench/op_trace.py KEY [--rounds 6] [--results DIR] [--out data/results/verify/traces/KEY-<cpu>.jsonl]
     .venv/bin/python bench/op_trace.py --compare TRACE_A TRACE_B
+    .venv/bin/python bench/op_trace.py KEY --mkl-as-intel   # on an AMD CPU: MKL takes its Intel code paths
+
+`--mkl-as-intel` tells MKL that the CPU is an Intel one (a C compiler builds a two-function shim
+that answers MKL's vendor check, loaded with LD_PRELOAD; that it takes effect shows with
+MKL_CBWR=AUTO, under which MKL's results on an AMD CPU change with it). On an AMD CPU, a trace
+that agrees with the plain one says that MKL's vendor dispatch is not what differs.
 
 Recording does not change the arithmetic (every operation runs as it would, then its output is
 hashed); the run's history is checked against the stored one and the first round that differs
@@ -23,14 +29,31 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "data" / "results" / "verify" / "traces"
 SERVER_CALLS = ("warmup_snapshot", "aggregate", "update", "observe")
+MKL_AS_INTEL = "FEDSTEER_MKL_AS_INTEL"
+SHIM = "int mkl_serv_intel_cpu_true(void) { return 1; }\nint mkl_serv_intel_cpu(void) { return 1; }\n"
+
+
+def reexec_with_mkl_as_intel() -> None:
+    """Run this script again with MKL's vendor check answered 'Intel' (see the module docstring)."""
+    if os.environ.get(MKL_AS_INTEL) == "1":
+        return
+    shim = Path(tempfile.mkdtemp()) / "libmkl_as_intel.so"
+    source = shim.with_suffix(".c")
+    source.write_text(SHIM)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(source)], check=True)
+    env = {**os.environ, "LD_PRELOAD": str(shim), MKL_AS_INTEL: "1"}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def tensor_record(t) -> dict[str, Any]:
@@ -106,6 +129,7 @@ def record_run(key: str, rounds: int, out: Path, results: Path | None = None) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
         f.write(json.dumps({"key": key, "rounds": rounds, "machine": machine, "code_version": _code_version(),
+                            "mkl_as_intel": os.environ.get(MKL_AS_INTEL) == "1",
                             "first_round_that_differs_from_stored": first}) + "\n")
         for r in records:
             f.write(json.dumps(r) + "\n")
@@ -150,7 +174,8 @@ def compare(a: Path, b: Path) -> int:
     head_b, ops_b = read(b)
     for name, head in ((a, head_a), (b, head_b)):
         m = head["machine"]
-        print(f"{name.name}: {m['cpu']} ({m['cpu_signature']}), {m['kernels']} kernels, MKL {m['mkl_cbwr']}")
+        told = ", MKL told the CPU is Intel's" if head.get("mkl_as_intel") else ""
+        print(f"{name.name}: {m['cpu']} ({m['cpu_signature']}), {m['kernels']} kernels, MKL {m['mkl_cbwr']}{told}")
     for i, (x, y) in enumerate(zip(ops_a, ops_b)):
         if (x["call"], x["round"], x["op"]) != (y["call"], y["round"], y["op"]):
             print(f"operation {i}: the traces run different operations ({x['op']} in {x['call']} vs {y['op']} in {y['call']})")
@@ -175,15 +200,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--results", type=Path, help="results directory (default data/results)")
+    parser.add_argument("--mkl-as-intel", action="store_true", help="MKL takes its Intel code paths on any CPU")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("TRACE_A", "TRACE_B"))
     args = parser.parse_args()
     if args.compare:
         return compare(*args.compare)
     if not args.key:
         parser.error("give a run key, or --compare TRACE_A TRACE_B")
+    if args.mkl_as_intel:
+        reexec_with_mkl_as_intel()
     from fedsteer_lib.numerics import cpu_signature
 
-    out = args.out or TRACES / f"{args.key}-{_cpu_word(cpu_signature())}.jsonl"
+    suffix = "-mkl-as-intel" if args.mkl_as_intel else ""
+    out = args.out or TRACES / f"{args.key}-{_cpu_word(cpu_signature())}{suffix}.jsonl"
     record_run(args.key, args.rounds, out, args.results)
     return 0
 

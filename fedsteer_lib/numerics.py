@@ -5,9 +5,15 @@ Two kernel modes, fixed for a whole process before torch computes anything:
 - ``pinned`` (the default): meant to give the same run the same bits on any x86-64 CPU with AVX2
   (every server and desktop CPU of the last decade), Intel or AMD, whatever its best instruction
   set (AVX-512, AMX). Checked: the same bits under every maximum ISA of one CPU (Intel Xeon with
-  AMX; AMD EPYC) and across two Intel Xeon generations (`cpu_signature` 6/167/1 and 6/207/2);
-  across vendors, only for the first pin below, which failed; the COMPATIBLE branch is Intel's
-  documented branch for that, not yet checked on an AMD CPU here.
+  AMX; AMD EPYC); across two Intel Xeon generations (`cpu_signature` 6/167/1 and 6/207/2) for
+  the short reference run; and from an Intel Xeon (6/167/1) to an AMD EPYC (AuthenticAMD
+  25/17/1) for the reference run and for 150-round Table 1 runs of every baseline (client
+  training, evaluation and their server steps). **Not yet for FedSteer's server step**: a
+  150-round FedSteer run pinned on the Intel Xeon gives other bits on the AMD EPYC from its
+  fifth round on, with the same bits on the AMD CPU when MKL is made to take its Intel code
+  paths, so the operation is not MKL's vendor dispatch and is not yet known
+  (`bench/op_trace.py` names it from two machines' traces;
+  data/results/verify/main-pinned-rechecked-on-an-amd-cpu.jsonl has the checks).
   ATen's kernels are limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``); MKL runs its
   ``COMPATIBLE`` branch in strict reproducible mode (``MKL_CBWR=COMPATIBLE,STRICT``, Intel's
   "conditional numerical reproducibility": SSE2 without the approximate rcpps/rsqrtps, whose

@@ -12,8 +12,9 @@
     python -m fedsteer_lib run --method fedsteer [--core-size 40 --lam 0.5 ...] [--gamma 0.7 --seed 3]
                                [--precision bf16]       # one run at settings of your own, cached like a sweep's
 
-Runs use pinned kernels (bit-identical on any x86-64 CPU with AVX2) unless `--kernels native`
-or FEDSTEER_KERNELS=native says otherwise (`fedsteer_lib.numerics`). `--precision bf16` trains
+Runs use pinned kernels (`fedsteer_lib.numerics`: meant to be bit-identical on any x86-64 CPU
+with AVX2, FedSteer's server step not yet across Intel and AMD) unless `--kernels native`
+or FEDSTEER_KERNELS=native says otherwise. `--precision bf16` trains
 and evaluates under bfloat16 autocast: other runs than the fp32 ones (their own keys), fast on
 CPUs with AMX and on GPUs, emulated and slower on CPUs without bfloat16 units.
 """
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--workers", type=int, default=1)
         if name != "status":
             p.add_argument("--kernels", choices=numerics.KERNELS, default=None,
-                           help="pinned: bit-identical on any x86-64 CPU with AVX2 (default, or $FEDSTEER_KERNELS); "
+                           help="pinned: the same bits on x86-64 CPUs with AVX2, FedSteer's across Intel and AMD not yet "
+                                "(default, or $FEDSTEER_KERNELS); "
                                 "native: the CPU's fastest kernels, CPU-dependent bits")
         if name not in ("status", "verify"):
             p.add_argument("--client-batch", type=int, default=1, metavar="N",
