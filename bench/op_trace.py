@@ -13,6 +13,19 @@ whose kernels differ between the two CPUs.
     .venv/bin/python bench/op_trace.py KEY [--rounds 6] [--results DIR] [--out data/results/verify/traces/KEY-<cpu>.jsonl]
     .venv/bin/python bench/op_trace.py --compare TRACE_A TRACE_B
     .venv/bin/python bench/op_trace.py KEY --mkl-as-intel   # on an AMD CPU: MKL takes its Intel code paths
+    .venv/bin/python bench/op_trace.py KEY --rounds 5 --out A.jsonl --capture /tmp/server-inputs.pt
+    qemu-x86_64 -cpu Haswell .venv/bin/python bench/op_trace.py --replay /tmp/server-inputs.pt --out B.jsonl \
+        --note "QEMU, Intel Haswell"
+
+`--capture` also saves every server call's inputs (the state as it was, the client updates);
+`--replay` runs those calls again from exactly those inputs, without training a client, and
+traces them. Under `qemu-x86_64 -cpu Haswell` (Debian's qemu-user) the same binaries run on an
+emulated Intel CPU: every CPUID query, MKL's included, answers "GenuineIntel", and the emulator
+computes each instruction exactly as IEEE 754 defines it, so a replay there and a replay (or
+the capturing run) on the real CPU that differ name an operation whose bits depend on the CPU.
+That is how FedSteer's square roots were found (`numerics.sqrt`). An emulator has no AVX-512
+and is not an Intel CPU: it can show that an operation depends on the CPU, not that two real
+CPUs agree.
 
 `--mkl-as-intel` tells MKL that the CPU is an Intel one (a C compiler builds a two-function shim
 that answers MKL's vendor check, loaded with LD_PRELOAD; that it takes effect shows with
@@ -28,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -73,12 +87,74 @@ def _tensors(tree) -> list:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
-def record_run(key: str, rounds: int, out: Path, results: Path | None = None) -> None:
+class Tracer:
+    """Wraps a strategy's server calls so that each records its inputs, every ATen operation it
+    runs and what it returns (optionally keeping deep copies of its inputs: `inputs`)."""
+
+    def __init__(self, keep_inputs: bool = False):
+        self.records: list[dict[str, Any]] = []
+        self.inputs: list[tuple[str, tuple, dict]] | None = [] if keep_inputs else None
+        self.where: dict[str, Any] = {"call": None, "round": None}
+        self.last_update = -1
+
+    def wrap(self, strategy) -> None:
+        for name in SERVER_CALLS:
+            setattr(strategy, name, self._traced(name, getattr(strategy, name)))
+
+    def _traced(self, name: str, method):
+        import copy
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracer = self
+
+        class Recorder(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                tracer.records.append({**tracer.where, "op": str(func.overloadpacket.__name__) + "." + func._overloadname,
+                                       "in": [tensor_record(t) for t in _tensors((args, kwargs))],
+                                       "out": [tensor_record(t) for t in _tensors(result)]})
+                return result
+
+        def call(*args, **kwargs):
+            self.where.update(call=name, round=_round_of(method, args, kwargs, self.last_update))
+            if name == "update":
+                self.last_update = self.where["round"]
+            if self.inputs is not None:
+                self.inputs.append((name, copy.deepcopy(args), copy.deepcopy(kwargs)))
+            tensors = [tensor_record(t) for t in _tensors((args[1:], kwargs))]  # args[0] is the state
+            self.records.append({**self.where, "op": "<enter>", "in": tensors, "out": []})
+            with Recorder():
+                result = method(*args, **kwargs)
+            self.records.append({**self.where, "op": "<return>", "in": [],
+                                 "out": [tensor_record(t) for t in _tensors(result)]})
+            return result
+        return call
+
+    def write(self, out: Path, head: dict[str, Any]) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w") as f:
+            f.write(json.dumps(head) + "\n")
+            for r in self.records:
+                f.write(json.dumps(r) + "\n")
+
+
+def _head(key: str, rounds: int, device: str, machine: dict, note: str | None, **more) -> dict[str, Any]:
+    from fedsteer_lib.experiments.results import provenance
+
+    return {"key": key, "rounds": rounds, "machine": machine, "code_version": provenance(device)["code_version"],
+            "mkl_as_intel": os.environ.get(MKL_AS_INTEL) == "1", **({"note": note} if note else {}), **more}
+
+
+def record_run(key: str, rounds: int, out: Path, results: Path | None = None, capture: Path | None = None,
+               note: str | None = None) -> None:
+    """Recompute the first `rounds` rounds of stored run `key`, tracing the server; with
+    `capture`, also save every server call's inputs there (torch.save) for `replay`."""
     import fedsteer_lib  # noqa: F401  (pins the kernels before torch computes)
-    from torch.utils._python_dispatch import TorchDispatchMode
+    import torch
 
     from fedsteer_lib.experiments.config import RunConfig
-    from fedsteer_lib.experiments.results import _code_version, results_root
+    from fedsteer_lib.experiments.results import results_root
     from fedsteer_lib.simulator import engine
 
     path = Path(results or results_root("paper")) / "runs" / f"{key}.json"
@@ -89,77 +165,76 @@ def record_run(key: str, rounds: int, out: Path, results: Path | None = None) ->
     if rounds < 1 or rounds > config.training.rounds:
         sys.exit(f"op_trace: --rounds must be between 1 and the run's {config.training.rounds}")
     config = config.replace(training=dataclasses.replace(config.training, rounds=rounds))
-    records: list[dict[str, Any]] = []
-    where = {"call": None, "round": None}
-    last_update = [-1]
-
-    class Recorder(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            result = func(*args, **(kwargs or {}))
-            records.append({**where, "op": str(func.overloadpacket.__name__) + "." + func._overloadname,
-                            "in": [tensor_record(t) for t in _tensors((args, kwargs))],
-                            "out": [tensor_record(t) for t in _tensors(result)]})
-            return result
-
-    def traced(name: str, method):
-        def call(*args, **kwargs):
-            where.update(call=name, round=_round_of(name, args, kwargs, last_update[0]))
-            if name == "update":
-                last_update[0] = where["round"]
-            tensors = [tensor_record(t) for t in _tensors((args[1:], kwargs))]  # args[0] is the state
-            records.append({**where, "op": "<enter>", "in": tensors, "out": []})
-            with Recorder():
-                result = method(*args, **kwargs)
-            records.append({**where, "op": "<return>", "in": [], "out": [tensor_record(t) for t in _tensors(result)]})
-            return result
-        return call
-
+    tracer = Tracer(keep_inputs=capture is not None)
     setup = engine.server_setup
 
     def traced_setup(cfg, sim):
         strategy, ctx, state = setup(cfg, sim)
-        for name in SERVER_CALLS:
-            setattr(strategy, name, traced(name, getattr(strategy, name)))
+        tracer.wrap(strategy)
         return strategy, ctx, state
 
     engine.server_setup = traced_setup
     result = engine.run(config, progress=False)
     first = first_difference(stored["history"], result.history)
     machine = result.machine
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
-        f.write(json.dumps({"key": key, "rounds": rounds, "machine": machine, "code_version": _code_version(),
-                            "mkl_as_intel": os.environ.get(MKL_AS_INTEL) == "1",
-                            "first_round_that_differs_from_stored": first}) + "\n")
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    print(f"{len(records)} operations traced over {rounds} rounds on {machine['cpu']} ({machine['cpu_signature']}), "
-          f"{machine['kernels']} kernels -> {out}")
+    tracer.write(out, _head(key, rounds, config.device, machine, note, first_round_that_differs_from_stored=first))
+    print(f"{len(tracer.records)} operations traced over {rounds} rounds on {machine['cpu']} "
+          f"({machine['cpu_signature']}), {machine['kernels']} kernels -> {out}")
     print("history identical to the stored run's" if first is None else
           f"history first differs from the stored run's at {first}")
+    if capture is not None:
+        capture.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "rounds": rounds, "config": stored["config"], "calls": tracer.inputs}, capture)
+        print(f"the inputs of {len(tracer.inputs)} server calls -> {capture}")
 
 
-def _round_of(name: str, args: tuple, kwargs: dict, last_update: int) -> int:
-    """The round a server call belongs to: its round_idx argument; for aggregate, the round after
-    the last update's; for warm-up snapshots, -1 - the cycle."""
-    if name == "update":
-        return int(args[5] if len(args) > 5 else kwargs["round_idx"])
-    if name == "observe":
-        return int(args[4] if len(args) > 4 else kwargs["round_idx"])
-    if name == "warmup_snapshot":
-        return -1 - int(args[3] if len(args) > 3 else kwargs["cycle"])
+def replay(capture: Path, out: Path, note: str | None = None) -> None:
+    """Run the server calls saved by `record_run(capture=...)` again, each from its saved inputs
+    (the state as it was, the same client updates), tracing them: another machine, or the same
+    binaries under an emulated CPU, then computes the server step from exactly the inputs the
+    first machine had, without any client training."""
+    import fedsteer_lib  # noqa: F401  (pins the kernels before torch computes)
+    import torch
+
+    from fedsteer_lib import numerics
+    from fedsteer_lib.experiments.config import RunConfig
+
+    saved = torch.load(capture, weights_only=False)
+    config = RunConfig.from_dict(saved["config"])
+    strategy = config.method.build()
+    tracer = Tracer()
+    tracer.wrap(strategy)
+    with numerics.kernels_for_run(config.device, config.precision):
+        for name, args, kwargs in saved["calls"]:
+            getattr(strategy, name)(*args, **kwargs)
+        machine = numerics.machine(config.device, config.precision)
+    tracer.write(out, _head(saved["key"], saved["rounds"], config.device, machine, note, replayed_from=capture.name))
+    print(f"{len(saved['calls'])} server calls replayed, {len(tracer.records)} operations traced on {machine['cpu']} "
+          f"({machine['cpu_signature']}), {machine['kernels']} kernels -> {out}")
+
+
+def _round_of(method, args: tuple, kwargs: dict, last_update: int) -> int:
+    """The round a server call belongs to: its round_idx argument; for warm-up snapshots,
+    -1 - the cycle; for aggregate (which takes no round), the round after the last update's."""
+    given = inspect.signature(method).bind(*args, **kwargs).arguments
+    if "round_idx" in given:
+        return int(given["round_idx"])
+    if "cycle" in given:
+        return -1 - int(given["cycle"])
     return last_update + 1
 
 
 def first_difference(stored: list[dict], new: list[dict]) -> str | None:
-    """Where the recorded numbers first differ ("round R, field: stored -> new"), or None. A
-    number the stored run did not record is not compared (a run cut short evaluates its last
-    round, which the full run may not)."""
+    """Where the recorded numbers first differ ("round R, field: stored -> new"), or None, over
+    the fields `verify` compares. A number the stored run did not record is not compared (a run
+    cut short evaluates its last round, which the full run may not)."""
+    from fedsteer_lib.experiments.verify import ROUND_FIELDS
+
     for a, b in zip(stored, new):
-        for k, v in a.items():
-            w = b.get(k)
+        for field in ROUND_FIELDS:
+            v, w = a.get(field), b.get(field)
             if v is not None and v != w:
-                return f"round {a['round']}, {k}: {v} -> {w}"
+                return f"round {a['round']}, {field}: {v} -> {w}"
     return None
 
 
@@ -175,7 +250,8 @@ def compare(a: Path, b: Path) -> int:
     for name, head in ((a, head_a), (b, head_b)):
         m = head["machine"]
         told = ", MKL told the CPU is Intel's" if head.get("mkl_as_intel") else ""
-        print(f"{name.name}: {m['cpu']} ({m['cpu_signature']}), {m['kernels']} kernels, MKL {m['mkl_cbwr']}{told}")
+        note = f" ({head['note']})" if head.get("note") else ""
+        print(f"{name.name}: {m['cpu']} ({m['cpu_signature']}), {m['kernels']} kernels, MKL {m['mkl_cbwr']}{told}{note}")
     for i, (x, y) in enumerate(zip(ops_a, ops_b)):
         if (x["call"], x["round"], x["op"]) != (y["call"], y["round"], y["op"]):
             print(f"operation {i}: the traces run different operations ({x['op']} in {x['call']} vs {y['op']} in {y['call']})")
@@ -202,18 +278,26 @@ def main() -> int:
     parser.add_argument("--results", type=Path, help="results directory (default data/results)")
     parser.add_argument("--mkl-as-intel", action="store_true", help="MKL takes its Intel code paths on any CPU")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("TRACE_A", "TRACE_B"))
+    parser.add_argument("--capture", type=Path, help="also save every server call's inputs to this file (for --replay)")
+    parser.add_argument("--replay", type=Path, metavar="CAPTURE", help="trace the server calls saved by --capture")
+    parser.add_argument("--note", help="a word on how this trace was run (kept in its header, shown by --compare)")
     args = parser.parse_args()
     if args.compare:
         return compare(*args.compare)
+    if args.replay:
+        if not args.out:
+            parser.error("--replay needs --out")
+        replay(args.replay, args.out, args.note)
+        return 0
     if not args.key:
-        parser.error("give a run key, or --compare TRACE_A TRACE_B")
+        parser.error("give a run key, --replay CAPTURE or --compare TRACE_A TRACE_B")
     if args.mkl_as_intel:
         reexec_with_mkl_as_intel()
     from fedsteer_lib.numerics import cpu_signature
 
     suffix = "-mkl-as-intel" if args.mkl_as_intel else ""
     out = args.out or TRACES / f"{args.key}-{_cpu_word(cpu_signature())}{suffix}.jsonl"
-    record_run(args.key, args.rounds, out, args.results)
+    record_run(args.key, args.rounds, out, args.results, args.capture, args.note)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .numerics import sqrt
 from .projection import normalized_basis, reconstruct, ridge_coordinates
 
 __all__ = ["objective", "objective_from_gram", "greedy_swap", "exhaustive_best", "SwapTrace"]
@@ -30,7 +31,7 @@ def _batched_objective(gram: torch.Tensor, cores: torch.Tensor, weights: torch.T
     """J for each row of `cores` (P, k) from the float64 Gram matrix of the snapshot (N, N).
     Computed on the Gram matrix's device (the core ids and weights follow it)."""
     cores, weights = cores.to(gram.device), weights.to(gram.device)
-    norms = gram.diagonal().clamp_min(1e-300).sqrt()
+    norms = sqrt(gram.diagonal().clamp_min(1e-300))  # correctly rounded on any CPU
     cos = gram / (norms[:, None] * norms[None, :])
     g = cos[cores[:, :, None], cores[:, None, :]]  # (P, k, k) = Q^T Q
     b = gram[cores] / norms[cores][:, :, None]  # (P, k, N) = Q^T g_i

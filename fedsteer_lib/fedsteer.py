@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .coreset import SwapTrace, greedy_swap
+from .numerics import sqrt
 from .projection import ridge_from_gram, steered_update
 from .strategy import Strategy
 
@@ -130,7 +131,7 @@ class FedSteer(Strategy):
         new_gram, norms = gram, None
         if rows.numel():
             inner = inner[:, rows]  # against the active core members' updates only
-            norms = inner[rows].diagonal().clamp_min(0).sqrt()
+            norms = sqrt(inner[rows].diagonal().clamp_min(0))  # correctly rounded on any CPU
             inv = _inverse(norms)  # Eq. 1: row j of Q is h_j / ||h_j||
             cross = proj[rows] * inv[:, None]  # the new rows of Q against the old basis
             cross[:, pos] = inner[rows] * inv[:, None] * inv[None, :]

@@ -8,12 +8,12 @@ Two kernel modes, fixed for a whole process before torch computes anything:
   AMX; AMD EPYC); across two Intel Xeon generations (`cpu_signature` 6/167/1 and 6/207/2) for
   the short reference run; and from an Intel Xeon (6/167/1) to an AMD EPYC (AuthenticAMD
   25/17/1) for the reference run and for 150-round Table 1 runs of every baseline (client
-  training, evaluation and their server steps). **Not yet for FedSteer's server step**: a
-  150-round FedSteer run pinned on the Intel Xeon gives other bits on the AMD EPYC from its
-  fifth round on, with the same bits on the AMD CPU when MKL is made to take its Intel code
-  paths, so the operation is not MKL's vendor dispatch and is not yet known
-  (`bench/op_trace.py` names it from two machines' traces;
-  data/results/verify/main-pinned-rechecked-on-an-amd-cpu.jsonl has the checks).
+  training, evaluation and their server steps). FedSteer's server step, the only one that takes
+  square roots, gave other bits on the two vendors' CPUs until its square roots were taken by
+  `sqrt` (correctly rounded) instead of torch.sqrt (MKL's vector math, CPU-dependent last bit);
+  that it now keeps its bits across vendors is shown under QEMU's emulation of an Intel CPU
+  only (`bench/op_trace.py`; data/results/verify/main-pinned-rechecked-on-an-amd-cpu.jsonl has
+  the checks before the change). FedSteer runs pinned before it record no ``sqrt``.
   ATen's kernels are limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``); MKL runs its
   ``COMPATIBLE`` branch in strict reproducible mode (``MKL_CBWR=COMPATIBLE,STRICT``, Intel's
   "conditional numerical reproducibility": SSE2 without the approximate rcpps/rsqrtps, whose
@@ -74,7 +74,7 @@ from typing import Any, Iterator
 __all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "GPU_KERNELS", "FIRST_PIN_MKL_CBWR",
            "NumericsError", "select_kernels", "kernels", "check_kernels", "check_precision", "kernels_for_run",
            "run_kernels", "autocast", "has_bf16_units", "machine", "cpu_model", "cpu_signature", "cpu_flags",
-           "tree_diff_hash"]
+           "tree_diff_hash", "SQRT", "sqrt"]
 
 KERNELS = ("pinned", "native")
 PRECISIONS = ("fp32", "bf16")  # a run's precision (`RunConfig.precision`)
@@ -85,6 +85,8 @@ ENV_VAR = "FEDSTEER_KERNELS"
 # What the pinned mode sets; each one alone changes a run's bits (see the module docstring).
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT"}
 FIRST_PIN_MKL_CBWR = "AVX2,STRICT"  # the first pinned mode's MKL branch: Intel-only bits (module docstring)
+# What a result's provenance says of its square roots since they are taken by `sqrt` (not torch.sqrt).
+SQRT = "correctly rounded"
 PINNED_CAPABILITY = "AVX2"  # what torch.backends.cpu.get_cpu_capability() reports when the pin holds
 # The CPU features that decide which kernels torch may use.
 FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
@@ -253,13 +255,14 @@ def cpu_flags() -> list[str]:
 
 
 def _library_versions() -> dict[str, str | None]:
+    import numpy
     import torch
 
     config = torch.__config__.show()
     onednn = re.search(r"MKL-DNN v([\w.]+)", config) or re.search(r"oneDNN v([\w.]+)", config)
     mkl = re.search(r"Math Kernel Library Version ([\w.]+)", config)
     return {"torch": torch.__version__, "onednn_version": onednn.group(1) if onednn else None,
-            "mkl_version": mkl.group(1) if mkl else None}
+            "mkl_version": mkl.group(1) if mkl else None, "numpy_version": numpy.__version__}
 
 
 def machine(device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
@@ -267,7 +270,7 @@ def machine(device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
     `cpu_signature`) and the features that decide its kernels, the kernels of the run
     (`run_kernels`: the process's mode, or "bf16" for a bf16 CPU run) and the choices in force
     (ATen's CPU capability, oneDNN on or off and its ISA limit, MKL's instruction branch;
-    "default" where nothing limits them), the library versions and the intra-op thread count; a
+    "default" where nothing limits them; square roots `SQRT`), the library versions and the intra-op thread count; a
     bf16 run also records its precision.
     Called inside `kernels_for_run`, it describes the run's own settings."""
     import torch
@@ -279,8 +282,28 @@ def machine(device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
             "onednn": ("on, max ISA " + (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
                                          or "default") if torch.backends.mkldnn.enabled else "off"),
             "nnpack": "on" if torch._C._get_nnpack_enabled() else "off",
-            "mkl_cbwr": os.environ.get("MKL_CBWR") or "default",
+            "mkl_cbwr": os.environ.get("MKL_CBWR") or "default", "sqrt": SQRT,
             **_library_versions(), "threads": torch.get_num_threads(), "machine": platform.machine()}
+
+
+def sqrt(x: "torch.Tensor") -> "torch.Tensor":
+    """Element-wise square root, correctly rounded (IEEE 754), so the same bits on every CPU.
+
+    On a CPU, torch.sqrt of a float tensor calls MKL's vector math library (VML) in its
+    high-accuracy mode: within 1 ulp of the true root but not always the rounded one, and which
+    last bit it gives depends on the CPU (the pinned mode does not reach it: ``MKL_CBWR``
+    governs BLAS and LAPACK). Measured with torch 2.14: on an AMD EPYC, 12 of 1,000 float64
+    roots differ from the correctly rounded ones, and under QEMU's emulation of an Intel CPU
+    153 do, with the same binary. This was why FedSteer's server step, the only one that takes
+    square roots, gave other bits on an Intel Xeon and an AMD EPYC. numpy's sqrt uses the
+    processor's square-root instruction, which IEEE 754 requires to round correctly, so every
+    x86-64 CPU gives the same answer. On a GPU, torch.sqrt is correctly rounded already."""
+    import numpy as np
+    import torch
+
+    if x.device.type != "cpu":
+        return x.sqrt()
+    return torch.from_numpy(np.sqrt(x.detach().numpy()))
 
 
 def tree_diff_hash(repo: str | os.PathLike) -> str | None:

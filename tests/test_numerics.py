@@ -106,7 +106,8 @@ def test_a_result_records_the_machine_that_computed_it(cache):
     tmp_path = cache
     prov = json.loads(run_path(SMALL, tmp_path).read_text())["provenance"]
     for field in ("cpu", "cpu_signature", "cpu_flags", "kernels", "aten_cpu_capability", "onednn", "nnpack",
-                  "mkl_cbwr", "torch", "onednn_version", "mkl_version", "threads", "code_version", "date", "python", "device"):
+                  "mkl_cbwr", "sqrt", "torch", "onednn_version", "mkl_version", "numpy_version", "threads", "code_version",
+                  "date", "python", "device"):
         assert field in prov, field
     assert prov["cpu"] == numerics.cpu_model() and "avx2" in prov["cpu_flags"]
     assert prov["cpu_signature"] == numerics.cpu_signature() != "unknown"
@@ -224,6 +225,42 @@ def test_the_committed_pinned_reference_run_reproduces_bit_for_bit():
     assert "stored on" in proc.stdout and "pinned kernels" in proc.stdout
 
 
+def test_square_roots_are_correctly_rounded():
+    """`numerics.sqrt` gives the correctly rounded root (math.sqrt's, by IEEE 754 the same on any
+    CPU) for every value, in float64 and float32, where torch.sqrt on a CPU with MKL may be 1 ulp
+    off (12 of 1,000 float64 values on an AMD EPYC)."""
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(20000, generator=gen, dtype=torch.float64) * 100,
+                   torch.rand(2000, generator=gen, dtype=torch.float64) * 1e-300,
+                   torch.tensor([0.0, 1e-310, 4.0, 2.0, 1e300], dtype=torch.float64)])
+    exact = torch.tensor([math.sqrt(v) for v in x.tolist()], dtype=torch.float64)
+    assert torch.equal(numerics.sqrt(x), exact)
+    x32 = x[:20000].float()
+    exact32 = torch.tensor([math.sqrt(v) for v in x32.tolist()], dtype=torch.float64).float()  # sqrt rounds once
+    root32 = numerics.sqrt(x32)
+    assert root32.dtype == torch.float32 and torch.equal(root32, exact32)
+    assert torch.equal(numerics.sqrt(x[2::7]), exact[2::7])  # a strided view
+
+
+def test_verify_does_not_demand_the_bits_of_fedsteer_runs_pinned_before_square_roots_were_rounded():
+    """A FedSteer run pinned while its server took torch.sqrt (no ``sqrt`` in its provenance)
+    has CPU-dependent bits: reported and recomputed by --replace-unpinned, never demanded. A
+    baseline pinned then never took a square root: still pinned."""
+    from fedsteer_lib.experiments.verify import VECTOR_SQRT_PIN, stored_kernels
+
+    def payload(name: str, **prov) -> dict:
+        return {"config": {"method": {"name": name}}, "provenance": {"kernels": "pinned", **prov}}
+
+    assert stored_kernels(payload("fedsteer")) == VECTOR_SQRT_PIN
+    assert stored_kernels(payload("fedsteer", sqrt=numerics.SQRT)) == "pinned"
+    assert stored_kernels(payload("fedvarp")) == "pinned"
+    assert stored_kernels({"config": {"method": {"name": "fedsteer"}}, "provenance": {"kernels": "native"}}) == "native"
+
+
 def test_the_cpu_signature_names_vendor_family_model_and_stepping(monkeypatch):
     info = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "207", "stepping": "2"}
     monkeypatch.setattr(numerics, "_cpuinfo", lambda: info)
@@ -259,9 +296,9 @@ def test_verify_skip_logged_leaves_out_the_runs_its_log_has(cache, capsys, tmp_p
 
 # --- bench/op_trace.py: the first operation whose bits differ between two machines ----------------
 def test_op_trace_names_the_first_operation_whose_output_differs(cache, tmp_path):
-    def trace(out: Path) -> None:
+    def trace(out: Path, *more: str) -> None:
         proc = subprocess.run([sys.executable, "bench/op_trace.py", SMALL.key(), "--rounds", "2", "--results", str(cache),
-                               "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                               "--out", str(out), *more], cwd=REPO, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         assert "history identical to the stored run's" in proc.stdout, proc.stdout
 
@@ -270,10 +307,19 @@ def test_op_trace_names_the_first_operation_whose_output_differs(cache, tmp_path
                               capture_output=True, text=True, timeout=60)
 
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    trace(first)
+    trace(first, "--capture", str(tmp_path / "inputs.pt"))
     trace(second)
     same = compare(first, second)
     assert same.returncode == 0 and "the traces agree on every operation" in same.stdout, same.stdout
+    # The server calls replayed from their saved inputs run the same operations with the same bits.
+    replayed = tmp_path / "replayed.jsonl"
+    proc = subprocess.run([sys.executable, "bench/op_trace.py", "--replay", str(tmp_path / "inputs.pt"), "--out",
+                           str(replayed), "--note", "replayed here"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "server calls replayed" in proc.stdout, proc.stdout + proc.stderr
+    assert len(replayed.read_text().splitlines()) == len(first.read_text().splitlines())
+    same = compare(first, replayed)
+    assert same.returncode == 0 and "the traces agree on every operation" in same.stdout, same.stdout
+    assert "(replayed here)" in same.stdout
     lines = first.read_text().splitlines()
     ops = [json.loads(line) for line in lines[1:]]
     assert {(op["call"], op["round"]) for op in ops} >= {("aggregate", 0), ("update", 0), ("aggregate", 1), ("update", 1)}

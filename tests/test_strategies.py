@@ -353,3 +353,46 @@ def test_new_parameters_at_their_defaults_keep_result_keys():
         d["method"].pop(new)
         assert cfg.key() == hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
         assert RunConfig(method=method(name, **{new: {"weighting": "unbiased", "start": "wait_all"}[new]})).key() != cfg.key()
+
+
+def test_no_server_step_takes_torch_sqrt(ctx, monkeypatch):
+    """torch.sqrt on a CPU is MKL's vector math, within 1 ulp but not correctly rounded, with
+    bits that depend on the CPU (`numerics.sqrt`): no server step may call it. Every registered
+    method runs its warm-up and a few rounds (a core member active in each), its ATen operations
+    recorded; FedSteer's square roots (Eq. 1's norms, the core-set search) go through
+    `numerics.sqrt`, which is shown to be called."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import fedsteer_lib.coreset
+    import fedsteer_lib.fedsteer
+    from fedsteer_lib import numerics
+
+    ops: set[str] = set()
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def counted_sqrt(x):
+        calls.append(x.shape)
+        return numerics.sqrt(x)
+
+    monkeypatch.setattr(fedsteer_lib.fedsteer, "sqrt", counted_sqrt)
+    monkeypatch.setattr(fedsteer_lib.coreset, "sqrt", counted_sqrt)
+    gen = torch.Generator().manual_seed(4)
+    for name in REGISTRY:
+        spec = method(name, core_size=3, warmup_cycles=2) if name == "fedsteer" else method(name)
+        s = make_strategy(spec)
+        with Record():
+            state = s.init_state(ctx)
+            for cycle in range(s.warmup_cycles):
+                s.warmup_snapshot(state, ctx, torch.randn(N, D, generator=gen), cycle, last=cycle == s.warmup_cycles - 1)
+            for t in range(3):
+                active = torch.tensor([0, 2, 3, 5])
+                updates = torch.randn(len(active), D, generator=gen)
+                s.aggregate(state, ctx, active, updates)
+                s.update(state, ctx, active, updates, torch.ones(len(active), dtype=torch.long), t)
+        assert "sqrt" not in ops, f"{name}'s server step calls torch.sqrt"
+    assert calls, "FedSteer's square roots were not exercised"

@@ -23,6 +23,7 @@ import pandas as pd
 from ..experiments.config import RunConfig
 from ..experiments.groups import run_groups
 from ..experiments.results import has_run, load_run, results_root, runs_table
+from ..experiments.verify import stored_kernels
 
 __all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
            "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "markdown_table",
@@ -48,13 +49,14 @@ def cached_configs(configs: Iterable[RunConfig], root: str | os.PathLike) -> lis
 
 
 def run_provenance(configs: Iterable[RunConfig], root: str | os.PathLike) -> pd.DataFrame:
-    """One row per cached run of `configs`: its key, wall time (s) and recorded provenance."""
+    """One row per cached run of `configs`: its key, wall time (s) and recorded provenance (the
+    kernels as `verify.stored_kernels` reads them)."""
     rows = []
     for c in cached_configs(configs, root):
         payload = load_run(c, root)
         prov = payload.get("provenance", {})
         rows.append({"key": c.key(), "wall_time": payload["summary"]["wall_time"],
-                     "kernels": prov.get("kernels", "native"), "cpu": prov.get("cpu", "not recorded"),
+                     "kernels": stored_kernels(payload), "cpu": prov.get("cpu", "not recorded"),
                      **{k: prov.get(k) for k in ("device", "threads", "torch", "python", "code_version", "date")}})
     return pd.DataFrame(rows, columns=["key", "wall_time", "kernels", "cpu", "device", "threads", "torch", "python",
                                        "code_version", "date"])

@@ -13,7 +13,7 @@
                                [--precision bf16]       # one run at settings of your own, cached like a sweep's
 
 Runs use pinned kernels (`fedsteer_lib.numerics`: meant to be bit-identical on any x86-64 CPU
-with AVX2, FedSteer's server step not yet across Intel and AMD) unless `--kernels native`
+with AVX2, Intel or AMD) unless `--kernels native`
 or FEDSTEER_KERNELS=native says otherwise. `--precision bf16` trains
 and evaluates under bfloat16 autocast: other runs than the fp32 ones (their own keys), fast on
 CPUs with AMX and on GPUs, emulated and slower on CPUs without bfloat16 units.
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--workers", type=int, default=1)
         if name != "status":
             p.add_argument("--kernels", choices=numerics.KERNELS, default=None,
-                           help="pinned: the same bits on x86-64 CPUs with AVX2, FedSteer's across Intel and AMD not yet "
+                           help="pinned: the same bits on x86-64 CPUs with AVX2 "
                                 "(default, or $FEDSTEER_KERNELS); "
                                 "native: the CPU's fastest kernels, CPU-dependent bits")
         if name not in ("status", "verify"):

@@ -32,17 +32,26 @@ ROUND_FIELDS = ("round", "num_active", "accuracy", "loss", "train_loss", "update
 
 
 FIRST_PIN = "pinned to MKL's AVX2 branch"  # Intel-only bits: see numerics' module docstring
+# A pinned run whose server step took torch.sqrt (before `numerics.sqrt`): its bits depend on the
+# CPU (MKL's vector math). Only FedSteer's server takes square roots (`numerics.sqrt` names it).
+VECTOR_SQRT_PIN = "pinned, square roots by MKL's vector math"
+METHODS_TAKING_SQUARE_ROOTS = ("fedsteer",)
 
 
 def stored_kernels(payload: dict[str, Any]) -> str:
     """The kernel mode a stored run was computed with ("pinned", "native", "bf16", "gpu"; results
     from before the modes existed are "native": torch's choice on whatever CPU computed them).
     A run pinned under the first pin (MKL's AVX2 branch, whose bits MKL gives only on Intel CPUs)
-    is FIRST_PIN, not "pinned": its bits are not demanded on another CPU."""
+    is FIRST_PIN, not "pinned": its bits are not demanded on another CPU. Nor are those of a
+    FedSteer run pinned before its square roots were correctly rounded (no ``sqrt`` in its
+    provenance): VECTOR_SQRT_PIN. `--replace-unpinned` recomputes both kinds."""
     prov = payload.get("provenance", {})
     kernels = prov.get("kernels", "native")
     if kernels == "pinned" and prov.get("mkl_cbwr") == numerics.FIRST_PIN_MKL_CBWR:
         return FIRST_PIN
+    if (kernels == "pinned" and "sqrt" not in prov
+            and payload.get("config", {}).get("method", {}).get("name") in METHODS_TAKING_SQUARE_ROOTS):
+        return VECTOR_SQRT_PIN
     return kernels
 
 
