@@ -20,9 +20,10 @@ whose kernels differ between the two CPUs.
 `--capture` also saves every server call's inputs (the state as it was, the client updates);
 `--replay` runs those calls again from exactly those inputs, without training a client, and
 traces them. Under `qemu-x86_64 -cpu Haswell` (Debian's qemu-user) the same binaries run on an
-emulated Intel CPU: every CPUID query, MKL's included, answers "GenuineIntel", and the emulator
-computes each instruction exactly as IEEE 754 defines it, so a replay there and a replay (or
-the capturing run) on the real CPU that differ name an operation whose bits depend on the CPU.
+emulated Intel CPU: every CPUID query, MKL's included, answers "GenuineIntel", and the
+instructions that real CPUs only approximate, each vendor its own way (rsqrtps, rcpps), are
+computed in full, so a replay there and a replay (or the capturing run) on the real CPU that
+differ name an operation whose bits depend on the CPU.
 That is how FedSteer's square roots were found (`numerics.sqrt`). An emulator has no AVX-512
 and is not an Intel CPU: it can show that an operation depends on the CPU, not that two real
 CPUs agree.
