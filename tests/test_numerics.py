@@ -181,6 +181,7 @@ def test_verify_does_not_demand_the_bits_of_a_run_pinned_to_mkls_avx2_branch(cac
     path.write_text(json.dumps(payload))
     code, out = _verify(capsys, tmp_path, SMALL.key())
     assert code == 0 and "NOT REPRODUCED" not in out and "0 of 1 bit-identical" in out
+    assert "(its bits are not demanded: pinned to MKL's AVX2 branch)" in out
     assert "stored on AMD EPYC (AuthenticAMD 25/1/1), pinned (MKL AVX2,STRICT) kernels" in out
     assert f"pinned (MKL {numerics.PINNED_ENV['MKL_CBWR']}) kernels" in out
 

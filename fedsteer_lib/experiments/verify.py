@@ -109,6 +109,8 @@ class Comparison:
             body = f"final accuracy {self.stored_accuracy:.4f} -> {self.new_accuracy:.4f} ({change:+.4f}){flip}"
             if self.failed:
                 body = "NOT REPRODUCED (a pinned run must come back bit for bit): " + body
+            elif self.stored_kernels in (FIRST_PIN, VECTOR_SQRT_PIN):
+                body += f" (its bits are not demanded: {self.stored_kernels})"
         return f"{head}{body}\n    stored on {self.stored_machine}\n    now on    {self.new_machine}"
 
     def record(self) -> dict[str, Any]:
