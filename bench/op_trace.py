@@ -40,17 +40,19 @@ is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import inspect
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "data" / "results" / "verify" / "traces"
@@ -90,11 +92,14 @@ def _tensors(tree) -> list:
 
 class Tracer:
     """Wraps a strategy's server calls so that each records its inputs, every ATen operation it
-    runs and what it returns (optionally keeping deep copies of its inputs: `inputs`)."""
+    runs and what it returns; with `capture` (a binary file), each call's inputs are also pickled
+    there as the call begins (the state as it was, the client updates), one call at a time, so
+    that a long capture holds no more than one call's inputs in memory."""
 
-    def __init__(self, keep_inputs: bool = False):
+    def __init__(self, capture: BinaryIO | None = None):
         self.records: list[dict[str, Any]] = []
-        self.inputs: list[tuple[str, tuple, dict]] | None = [] if keep_inputs else None
+        self.capture = capture
+        self.captured = 0
         self.where: dict[str, Any] = {"call": None, "round": None}
         self.last_update = -1
 
@@ -103,8 +108,6 @@ class Tracer:
             setattr(strategy, name, self._traced(name, getattr(strategy, name)))
 
     def _traced(self, name: str, method):
-        import copy
-
         from torch.utils._python_dispatch import TorchDispatchMode
 
         tracer = self
@@ -121,8 +124,9 @@ class Tracer:
             self.where.update(call=name, round=_round_of(method, args, kwargs, self.last_update))
             if name == "update":
                 self.last_update = self.where["round"]
-            if self.inputs is not None:
-                self.inputs.append((name, copy.deepcopy(args), copy.deepcopy(kwargs)))
+            if self.capture is not None:
+                pickle.dump((name, args, kwargs), self.capture, protocol=pickle.HIGHEST_PROTOCOL)
+                self.captured += 1
             tensors = [tensor_record(t) for t in _tensors((args[1:], kwargs))]  # args[0] is the state
             self.records.append({**self.where, "op": "<enter>", "in": tensors, "out": []})
             with Recorder():
@@ -150,13 +154,12 @@ def _head(key: str, rounds: int, device: str, machine: dict, note: str | None, *
 def record_run(key: str, rounds: int, out: Path, results: Path | None = None, capture: Path | None = None,
                note: str | None = None) -> None:
     """Recompute the first `rounds` rounds of stored run `key`, tracing the server; with
-    `capture`, also save every server call's inputs there (torch.save) for `replay`."""
+    `capture`, also save every server call's inputs there for `replay` (a pickle stream: a head,
+    then one (call name, args, kwargs) per call, written as the call begins)."""
     import fedsteer_lib  # noqa: F401  (pins the kernels before torch computes)
-    import torch
 
     from fedsteer_lib.experiments.config import RunConfig
     from fedsteer_lib.experiments.results import results_root
-    from fedsteer_lib.simulator import engine
 
     path = Path(results or results_root("paper")) / "runs" / f"{key}.json"
     if not path.is_file():
@@ -166,16 +169,13 @@ def record_run(key: str, rounds: int, out: Path, results: Path | None = None, ca
     if rounds < 1 or rounds > config.training.rounds:
         sys.exit(f"op_trace: --rounds must be between 1 and the run's {config.training.rounds}")
     config = config.replace(training=dataclasses.replace(config.training, rounds=rounds))
-    tracer = Tracer(keep_inputs=capture is not None)
-    setup = engine.server_setup
-
-    def traced_setup(cfg, sim):
-        strategy, ctx, state = setup(cfg, sim)
-        tracer.wrap(strategy)
-        return strategy, ctx, state
-
-    engine.server_setup = traced_setup
-    result = engine.run(config, progress=False)
+    if capture is not None:
+        capture.parent.mkdir(parents=True, exist_ok=True)
+    with (capture.open("wb") if capture is not None else contextlib.nullcontext()) as saved:
+        if saved is not None:
+            pickle.dump({"key": key, "rounds": rounds, "config": stored["config"]}, saved)
+        tracer = Tracer(saved)
+        result = _traced_run(config, tracer)
     first = first_difference(stored["history"], result.history)
     machine = result.machine
     tracer.write(out, _head(key, rounds, config.device, machine, note, first_round_that_differs_from_stored=first))
@@ -184,9 +184,25 @@ def record_run(key: str, rounds: int, out: Path, results: Path | None = None, ca
     print("history identical to the stored run's" if first is None else
           f"history first differs from the stored run's at {first}")
     if capture is not None:
-        capture.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"key": key, "rounds": rounds, "config": stored["config"], "calls": tracer.inputs}, capture)
-        print(f"the inputs of {len(tracer.inputs)} server calls -> {capture}")
+        print(f"the inputs of {tracer.captured} server calls -> {capture}")
+
+
+def _traced_run(config, tracer: Tracer):
+    """`engine.run(config)` with the server strategy's calls wrapped by `tracer`."""
+    from fedsteer_lib.simulator import engine
+
+    setup = engine.server_setup
+
+    def traced_setup(cfg, sim):
+        strategy, ctx, state = setup(cfg, sim)
+        tracer.wrap(strategy)
+        return strategy, ctx, state
+
+    engine.server_setup = traced_setup
+    try:
+        return engine.run(config, progress=False)
+    finally:
+        engine.server_setup = setup
 
 
 def replay(capture: Path, out: Path, note: str | None = None) -> None:
@@ -195,22 +211,28 @@ def replay(capture: Path, out: Path, note: str | None = None) -> None:
     binaries under an emulated CPU, then computes the server step from exactly the inputs the
     first machine had, without any client training."""
     import fedsteer_lib  # noqa: F401  (pins the kernels before torch computes)
-    import torch
 
     from fedsteer_lib import numerics
     from fedsteer_lib.experiments.config import RunConfig
 
-    saved = torch.load(capture, weights_only=False)
-    config = RunConfig.from_dict(saved["config"])
-    strategy = config.method.build()
-    tracer = Tracer()
-    tracer.wrap(strategy)
-    with numerics.kernels_for_run(config.device, config.precision):
-        for name, args, kwargs in saved["calls"]:
-            getattr(strategy, name)(*args, **kwargs)
-        machine = numerics.machine(config.device, config.precision)
-    tracer.write(out, _head(saved["key"], saved["rounds"], config.device, machine, note, replayed_from=capture.name))
-    print(f"{len(saved['calls'])} server calls replayed, {len(tracer.records)} operations traced on {machine['cpu']} "
+    calls = 0
+    with capture.open("rb") as saved:
+        head = pickle.load(saved)
+        config = RunConfig.from_dict(head["config"])
+        strategy = config.method.build()
+        tracer = Tracer()
+        tracer.wrap(strategy)
+        with numerics.kernels_for_run(config.device, config.precision):
+            while True:
+                try:
+                    name, args, kwargs = pickle.load(saved)
+                except EOFError:
+                    break
+                getattr(strategy, name)(*args, **kwargs)
+                calls += 1
+            machine = numerics.machine(config.device, config.precision)
+    tracer.write(out, _head(head["key"], head["rounds"], config.device, machine, note, replayed_from=capture.name))
+    print(f"{calls} server calls replayed, {len(tracer.records)} operations traced on {machine['cpu']} "
           f"({machine['cpu_signature']}), {machine['kernels']} kernels -> {out}")
 
 
