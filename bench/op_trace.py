@@ -13,13 +13,13 @@ whose kernels differ between the two CPUs.
     .venv/bin/python bench/op_trace.py KEY [--rounds 6] [--results DIR] [--out data/results/verify/traces/KEY-<cpu>.jsonl]
     .venv/bin/python bench/op_trace.py --compare TRACE_A TRACE_B
     .venv/bin/python bench/op_trace.py KEY --mkl-as-intel   # on an AMD CPU: MKL takes its Intel code paths
-    .venv/bin/python bench/op_trace.py KEY --rounds 5 --out A.jsonl --capture /tmp/server-inputs.pt
-    qemu-x86_64 -cpu Haswell .venv/bin/python bench/op_trace.py --replay /tmp/server-inputs.pt --out B.jsonl \
+    .venv/bin/python bench/op_trace.py KEY --rounds 5 --out A.jsonl --capture /tmp/server-inputs.pickle
+    qemu-x86_64 -cpu Haswell .venv/bin/python bench/op_trace.py --replay /tmp/server-inputs.pickle --out B.jsonl \
         --note "QEMU, Intel Haswell"
 
-`--capture` also saves every server call's inputs (the state as it was, the client updates);
-`--replay` runs those calls again from exactly those inputs, without training a client, and
-traces them. Under `qemu-x86_64 -cpu Haswell` (Debian's qemu-user) the same binaries run on an
+`--capture` also saves every server call's inputs (the state as it was, the client updates), as
+a pickle stream; `--replay` runs those calls again from exactly those inputs, without training a
+client, and traces them. Under `qemu-x86_64 -cpu Haswell` (Debian's qemu-user) the same binaries run on an
 emulated Intel CPU: every CPUID query, MKL's included, answers "GenuineIntel", and the
 instructions that real CPUs only approximate, each vendor its own way (rsqrtps, rcpps), are
 computed in full, so a replay there and a replay (or the capturing run) on the real CPU that
