@@ -226,6 +226,21 @@ def test_the_committed_pinned_reference_run_reproduces_bit_for_bit():
     assert "stored on" in proc.stdout and "pinned kernels" in proc.stdout
 
 
+def test_every_committed_table_1_run_is_pinned():
+    """Table 1 (the `main` group: both γ, 8 seeds, every method) is stored in the pinned mode
+    that `verify` demands bit for bit (issue 33): MKL's compatible branch, and for FedSteer
+    correctly rounded square roots; none is native, first-pin or vector-sqrt pinned."""
+    from fedsteer_lib.experiments.groups import paper_grid
+    from fedsteer_lib.experiments.results import load_run, results_root
+    from fedsteer_lib.experiments.verify import stored_kernels
+
+    root = results_root("paper")
+    configs = paper_grid("fmnist", "paper")
+    kernels = {c.key(): stored_kernels(load_run(c, root)) for c in configs}
+    assert len(kernels) == 224
+    assert {k: v for k, v in kernels.items() if v != "pinned"} == {}
+
+
 def test_square_roots_are_correctly_rounded():
     """`numerics.sqrt` gives the correctly rounded root (math.sqrt's, by IEEE 754 the same on any
     CPU) for every value, in float64 and float32, where torch.sqrt on a CPU with MKL may be 1 ulp
