@@ -218,6 +218,25 @@ def test_verify_replaces_an_unpinned_result_with_the_pinned_one(cache, capsys):
     assert "nothing to verify" in capsys.readouterr().out  # already pinned: not recomputed again
 
 
+def test_verify_log_keeps_a_record_when_the_log_file_is_replaced_mid_run(cache):
+    """A log file replaced while runs compute (a `git stash` or checkout of the committed log)
+    still gets every record: verify opens the log per record, not once for the whole run."""
+    from fedsteer_lib.experiments.results import load_run
+    from fedsteer_lib.experiments.verify import verify_runs
+
+    log = cache / "log.jsonl"
+    log.write_text('{"key": "earlier"}\n')
+
+    def replace_log(line: str) -> None:  # runs after the comparison, before its record is written
+        replacement = cache / "replacement.jsonl"
+        replacement.write_text('{"key": "earlier"}\n')
+        os.replace(replacement, log)
+
+    verify_runs([(SMALL, load_run(SMALL, cache))], cache, log=log, on_result=replace_log)
+    keys = [json.loads(line)["key"] for line in log.read_text().splitlines()]
+    assert keys == ["earlier", SMALL.key()]
+
+
 def test_the_committed_pinned_reference_run_reproduces_bit_for_bit():
     """CI's check that a committed pinned run comes back bit for bit on the machine CI runs on."""
     proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "verify", "--what", "reference"], cwd=REPO,

@@ -241,7 +241,6 @@ def verify_runs(runs: Sequence[tuple[RunConfig, dict[str, Any]]], root, *, worke
     if replace_unpinned:
         configs.sort(key=lambda c: (c.seed, c.method.name == "full"))
     progress = Progress({k: float(p["summary"].get("wall_time") or 0.0) for k, p in stored.items()})
-    log_file = open(log, "a") if log else None
     out: list[Comparison] = []
 
     def done(key_result) -> None:
@@ -252,24 +251,20 @@ def verify_runs(runs: Sequence[tuple[RunConfig, dict[str, Any]]], root, *, worke
         comparison = compare(stored[key], result, provenance("cpu", result.machine))
         out.append(comparison)
         on_result(comparison.line() + "\n    " + progress.finish(key))
-        if log_file:
-            log_file.write(json.dumps(comparison.record()) + "\n")
-            log_file.flush()
+        if log:  # opened per record: a log file replaced while runs compute (a git checkout) keeps every line
+            with open(log, "a") as log_file:
+                log_file.write(json.dumps(comparison.record()) + "\n")
 
-    try:
-        import torch
+    import torch
 
-        todo = [(c, str(root), 1 if workers > 1 else torch.get_num_threads(), replace_unpinned) for c in configs]
-        if workers == 1:
-            for args in todo:
-                done(_verify_one(args))
-        else:
-            with mp.get_context("spawn").Pool(workers) as pool:
-                for key_result in pool.imap_unordered(_verify_one, todo):
-                    done(key_result)
-    finally:
-        if log_file:
-            log_file.close()
+    todo = [(c, str(root), 1 if workers > 1 else torch.get_num_threads(), replace_unpinned) for c in configs]
+    if workers == 1:
+        for args in todo:
+            done(_verify_one(args))
+    else:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for key_result in pool.imap_unordered(_verify_one, todo):
+                done(key_result)
     return out
 
 
