@@ -65,6 +65,28 @@ def test_warmup_snapshots_are_reused_by_the_next_run_and_change_nothing():
     assert "warmup_reused" not in run(_config("fedavg"), progress=False, sim=shared_sim).summary
 
 
+def test_the_initial_evaluation_is_computed_once_per_sim_and_arithmetic(monkeypatch):
+    """Round 0 scores w_0, which no method or training setting changes: runs on one SimData
+    evaluate it once (engine.initial_evaluation) and record what a fresh SimData computes; a run
+    with other arithmetic (bf16) evaluates it anew."""
+    from fedsteer_lib.simulator import engine
+
+    calls = []
+    real = engine.evaluate
+    monkeypatch.setattr(engine, "evaluate", lambda *a, **kw: calls.append(a[1]) or real(*a, **kw))
+    shared_sim = prepare(_config(rounds=1))
+    configs = [_config("fedavg", rounds=1), _config("mifa", rounds=1),
+               _config("fedavg", rounds=1).replace(precision="bf16"), _config("fedprox", rounds=1)]
+    for cfg in configs:
+        calls.clear()
+        shared = run(cfg, progress=False, sim=shared_sim)
+        evaluated_w0 = any(torch.equal(w, shared_sim.initial_weights) for w in calls)
+        assert evaluated_w0 is (cfg is configs[0] or cfg is configs[2]), cfg
+        fresh = run(cfg, progress=False)
+        assert repr(shared.history[0]) == repr(fresh.history[0]), cfg
+        assert repr(shared.history) == repr(fresh.history), cfg
+
+
 def test_shared_sim_uses_each_runs_own_training_settings(sim):
     base = run(_config("fedavg"), progress=False, sim=sim)
     other = _config("fedavg").replace(training=Training(rounds=6, local_epochs=2, client_lr=0.01, eval_every=3, eval_last=1))

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the engine only reads a run's settings; the experiments bui
     from ..experiments.config import RunConfig
 
 __all__ = ["SimData", "prepare", "run", "RunResult", "client_updates", "client_generator", "warmup_updates",
-           "WARMUP_REUSE_BYTES", "STREAM_BATCHES", "STREAM_WARMUP", "STREAM_PROBE", "STREAM_FORCED"]
+           "WARMUP_REUSE_BYTES", "initial_evaluation", "STREAM_BATCHES", "STREAM_WARMUP", "STREAM_PROBE", "STREAM_FORCED"]
 
 # Named torch random streams (see partition.rng for the numpy ones), one per purpose of local
 # training: the training rounds' minibatches, the warm-up cycles', the probes' and the forced
@@ -80,6 +80,7 @@ class SimData:
     client_batch: int = 1  # > 1: train up to this many clients at once (`local_train_batch`)
     precision: str = "fp32"  # the arithmetic of local training and evaluation (`RunConfig.precision`), set per run
     warmup: tuple | None = None  # the latest warm-up snapshots, for the next run (`warmup_updates`)
+    initial_eval: dict = field(default_factory=dict)  # arithmetic -> w_0's (accuracy, loss) (`initial_evaluation`)
 
 
 def _data_key(config: RunConfig) -> tuple:
@@ -202,6 +203,18 @@ def warmup_updates(sim: SimData, config: RunConfig, cycles: int, progress: bool 
     return snapshots, False
 
 
+def initial_evaluation(sim: SimData) -> tuple[float, float]:
+    """Accuracy and loss of the initial model w_0 on the eval set (a run's round 0). They depend
+    on the data, the seed and the arithmetic (precision, threads, oneDNN), never on the method or
+    its training settings, so runs that share `sim` and that arithmetic get the same numbers,
+    computed once."""
+    key = (sim.precision, torch.get_num_threads(), torch.backends.mkldnn.enabled)
+    if key not in sim.initial_eval:
+        sim.initial_eval[key] = evaluate(sim.flat_model, sim.initial_weights, sim.eval_images, sim.eval_labels,
+                                         precision=sim.precision)
+    return sim.initial_eval[key]
+
+
 def _warmup(sim: SimData, config: RunConfig, strategy: Strategy, state: dict, ctx: ServerContext, progress: bool) -> tuple[float, bool]:
     """Paper §2.4: the strategy sees each warm-up snapshot (`warmup_updates`) in turn. Returns
     (its wall time, whether the snapshots were reused). The caller restarts training from the
@@ -255,7 +268,7 @@ def _run(config: RunConfig, *, progress: bool, sim: SimData | None, data_root: s
                "forced": _torch_gen(config.seed, STREAM_FORCED), "probe_draws": rng(config.seed, STREAM_PROBE)}
     weights = sim.initial_weights.clone()
     with rec.phase("eval"):
-        acc, loss = evaluate(sim.flat_model, weights, sim.eval_images, sim.eval_labels, precision=sim.precision)
+        acc, loss = initial_evaluation(sim)
     rec.history.append({"round": 0, "num_active": 0, "accuracy": acc, "loss": loss, "train_loss": float("nan"),
                         "update_norm": 0.0})
     collapse_round = None

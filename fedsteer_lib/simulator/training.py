@@ -243,8 +243,11 @@ def evaluate(
     """Accuracy and mean cross-entropy loss of the model `weights` on (images, labels).
 
     Small batches keep the convolution activations in the CPU cache: on the 2-core machine the
-    10,000 Fashion-MNIST test images take about 0.3 s at batch 128 against 0.8 s at batch 1000
-    (see bench/benchmark.py). Sums stay on the device, so a GPU is not synchronised per batch.
+    10,000 Fashion-MNIST test images took about 0.3 s at batch 128 against 0.8 s at batch 1000
+    (native kernels, two threads; see bench/benchmark.py). Pinned kernels (`numerics`: one thread,
+    torch's own convolutions) take about 3.9 s on this project's AMD EPYC (1.2 s native on one
+    thread), which is why a run's round 0 is evaluated once per SimData
+    (`engine.initial_evaluation`). Sums stay on the device, so a GPU is not synchronised per batch.
     `precision` "bf16": the forward passes under bfloat16 autocast; the loss and the sums in float32."""
     flat_model.set_flat(weights)
     model = flat_model.model
