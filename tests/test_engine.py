@@ -48,11 +48,14 @@ def test_same_seed_is_bit_identical(sim):
 
 
 def test_warmup_snapshots_are_reused_by_the_next_run_and_change_nothing():
-    """Runs on one SimData with the same training settings share the warm-up snapshots
-    (engine.warmup_updates): each such run equals the same run with its snapshots computed anew."""
+    """Runs on one SimData with the same local training and server step share the warm-up
+    snapshots (engine.warmup_updates), whatever their rounds and eval schedule: each such run
+    equals the same run with its snapshots computed anew."""
     two = dict(warmup_cycles=2)
-    configs = [_config(name, rounds=2, **two, **kw) for name, kw in
-               (("fedsteer", {}), ("mifa", {}), ("fedsteer", dict(lam=0.0, ordering="as_written")))]
+    configs = [_config(name, rounds=rounds, **two, **kw) for name, rounds, kw in
+               (("fedsteer", 2, {}), ("mifa", 2, {}), ("fedsteer", 3, dict(lam=0.0, ordering="as_written")))]
+    # the third has other rounds and another eval schedule, but the same local training and server step
+    configs[2] = configs[2].replace(training=dataclasses.replace(configs[2].training, eval_every=1, eval_last=2))
     slower = _config("fedsteer", **two).replace(training=Training(rounds=2, local_epochs=1, client_lr=0.02, eval_every=2, eval_last=1))
     shared_sim = prepare(configs[0])
     for index, cfg in enumerate([*configs, slower]):

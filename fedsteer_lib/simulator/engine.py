@@ -174,14 +174,16 @@ WARMUP_REUSE_BYTES = 2 * 2**30
 def warmup_updates(sim: SimData, config: RunConfig, cycles: int, progress: bool = False) -> tuple[Iterable[torch.Tensor], bool]:
     """The T0 = `cycles` warm-up snapshots of paper §2.4: in cycle c every client's update g_i^(c)
     at the fixed model w^(c), then one full-participation step w^(c+1) = w^(c) - eta_s sum_i d_i g_i^(c)
-    from w^(0) = the initial model. They depend on the data, the training settings and the seed, never
-    on the strategy (which only reads them), so runs that share `sim` and those settings get the same
+    from w^(0) = the initial model. They depend on the data, the local training and server step
+    settings and the seed, never on the strategy (which only reads them) nor on the number of rounds
+    or the eval schedule, so runs that share `sim` and those settings get the same
     tensors, computed once, as long as all T0 fit in `WARMUP_REUSE_BYTES` (otherwise each is computed
     when iterated and freed after), at the config's precision. Returns (the snapshots in cycle order,
     whether they were reused)."""
     tr = config.training
     sim.precision = config.precision
-    key = (tr, cycles, config.batch_stream, sim.client_batch, torch.get_num_threads(), config.precision)
+    local = (tr.local_epochs, tr.batch_size, tr.client_lr, tr.server_lr)  # not the rounds or the eval schedule
+    key = (local, cycles, config.batch_stream, sim.client_batch, torch.get_num_threads(), config.precision)
     if sim.warmup is not None and sim.warmup[0] == key:
         return sim.warmup[1], True
     num_clients = sim.federation.num_clients
