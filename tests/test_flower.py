@@ -451,7 +451,7 @@ def test_resume_refuses_another_strategy(tmp_path):
 
 # --- a deployment on 127.0.0.1 ------------------------------------------------------------------------
 DEPLOYMENT_RUN = {"method": "fedsteer", "num-server-rounds": 3, "warmup-rounds": 1, "core-size": 2,
-                  "fraction-train": 1.0, "central-eval": False, "samples-per-node": 200, "round-timeout": 60.0}
+                  "fraction-train": 1.0, "central-eval": False, "samples-per-node": 200, "round-timeout": 30.0}
 
 
 def test_flwr_run_against_a_local_deployment_with_a_node_killed_mid_run(tmp_path):
