@@ -171,6 +171,13 @@ class RunResult:
 WARMUP_REUSE_BYTES = 2 * 2**30
 
 
+def _arithmetic(precision: str) -> tuple:
+    """What, besides the data and the settings, decides the bits of local training and evaluation
+    in this process now: the precision, the thread count and whether oneDNN is on (`numerics`).
+    Part of the key of every result a SimData keeps for the next run."""
+    return precision, torch.get_num_threads(), torch.backends.mkldnn.enabled
+
+
 def warmup_updates(sim: SimData, config: RunConfig, cycles: int, progress: bool = False) -> tuple[Iterable[torch.Tensor], bool]:
     """The T0 = `cycles` warm-up snapshots of paper §2.4: in cycle c every client's update g_i^(c)
     at the fixed model w^(c), then one full-participation step w^(c+1) = w^(c) - eta_s sum_i d_i g_i^(c)
@@ -183,7 +190,7 @@ def warmup_updates(sim: SimData, config: RunConfig, cycles: int, progress: bool 
     tr = config.training
     sim.precision = config.precision
     local = (tr.local_epochs, tr.batch_size, tr.client_lr, tr.server_lr)  # not the rounds or the eval schedule
-    key = (local, cycles, config.batch_stream, sim.client_batch, torch.get_num_threads(), config.precision)
+    key = (local, cycles, config.batch_stream, sim.client_batch, _arithmetic(config.precision))
     if sim.warmup is not None and sim.warmup[0] == key:
         return sim.warmup[1], True
     num_clients = sim.federation.num_clients
@@ -210,7 +217,7 @@ def initial_evaluation(sim: SimData) -> tuple[float, float]:
     on the data, the seed and the arithmetic (precision, threads, oneDNN), never on the method or
     its training settings, so runs that share `sim` and that arithmetic get the same numbers,
     computed once."""
-    key = (sim.precision, torch.get_num_threads(), torch.backends.mkldnn.enabled)
+    key = _arithmetic(sim.precision)
     if key not in sim.initial_eval:
         sim.initial_eval[key] = evaluate(sim.flat_model, sim.initial_weights, sim.eval_images, sim.eval_labels,
                                          precision=sim.precision)
