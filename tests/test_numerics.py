@@ -367,3 +367,25 @@ def test_op_trace_names_the_first_operation_whose_output_differs(cache, tmp_path
     assert differs.returncode == 1, differs.stdout
     assert f"operation {i} ({ops[i]['op']} in {ops[i]['call']}, round {ops[i]['round']}) differs first, with same inputs" \
         in differs.stdout, differs.stdout
+
+
+# --- bench/instruction_census.py: the instructions whose results depend on the CPU ---------------
+def test_instruction_census_finds_an_approximate_instruction_and_none_where_none_runs():
+    proc = subprocess.run([sys.executable, "bench/instruction_census.py", "--self-test"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the census found {'rsqrtps': 1}" in proc.stdout, proc.stdout
+    assert "sqrtps(3) alone: the census found nothing from the list" in proc.stdout, proc.stdout
+
+
+def test_instruction_census_writes_every_mnemonic_a_command_executes(tmp_path):
+    out = tmp_path / "census.json"
+    proc = subprocess.run([sys.executable, "bench/instruction_census.py", "--out", str(out), "--note", "echo",
+                           "--", "/bin/echo", "hello"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("hello\n")
+    record = json.loads(out.read_text())
+    assert record["command"] == ["/bin/echo", "hello"] and record["note"] == "echo"
+    assert record["implementation_defined_executed"] == {}
+    assert record["instructions_executed"] == sum(record["counts"].values()) > 10_000
+    assert record["counts"]["syscall"] >= 2  # at least the write and the exit

@@ -28,7 +28,8 @@ MATHJAX = ROOT / "book" / "_static" / "mathjax" / "tex-chtml.js"
 # shows each is there. dataset-fashion-mnist is installed by `python -m fedsteer_lib data`
 # (it can also come from elsewhere: FEDSTEER_DATA), so it is checked with the data sets below.
 # qemu-user runs bench/op_trace.py --replay on an emulated Intel CPU (how FedSteer's
-# CPU-dependent square roots were found; see its docstring).
+# CPU-dependent square roots were found; see its docstring), and bench/instruction_census.py
+# (which counts the instructions a run executes there; its self-test is in the test suite).
 SYSTEM_PACKAGES: dict[str, str] = {"chromium": "/usr/bin/chromium", "qemu-user": "/usr/bin/qemu-x86_64"}
 
 
