@@ -25,8 +25,10 @@ instructions that real CPUs only approximate, each vendor its own way (rsqrtps, 
 computed in full, so a replay there and a replay (or the capturing run) on the real CPU that
 differ name an operation whose bits depend on the CPU.
 That is how FedSteer's square roots were found (`numerics.sqrt`). An emulator has no AVX-512
-and is not an Intel CPU: it can show that an operation depends on the CPU, not that two real
-CPUs agree.
+and is not an Intel CPU: on its own it can show that an operation depends on the CPU, not that
+two real CPUs agree. `bench/instruction_census.py` counts the instructions a replay executes
+under QEMU: when none is one whose result the manuals leave to the CPU, a real CPU given the same
+instructions computes the emulator's bits.
 
 `--mkl-as-intel` tells MKL that the CPU is an Intel one (a C compiler builds a two-function shim
 that answers MKL's vendor check, loaded with LD_PRELOAD; that it takes effect shows with

@@ -12,8 +12,11 @@ Two kernel modes, fixed for a whole process before torch computes anything:
   square roots, gave other bits on the two vendors' CPUs until its square roots were taken by
   `sqrt` (correctly rounded) instead of torch.sqrt (MKL's vector math, CPU-dependent last bit);
   that it now keeps its bits across vendors is shown under QEMU's emulation of an Intel CPU
-  only (`bench/op_trace.py`; data/results/verify/main-pinned-rechecked-on-an-amd-cpu.jsonl has
-  the checks before the change). FedSteer runs pinned before it record no ``sqrt``.
+  (`bench/op_trace.py`; data/results/verify/main-pinned-rechecked-on-an-amd-cpu.jsonl has
+  the checks before the change), where FedSteer's server calls and the whole reference run
+  execute no instruction whose result the manuals leave to the CPU (`bench/instruction_census.py`;
+  data/results/verify/census/), so a real Intel CPU handed the same instructions computes the
+  same bits; not yet checked on one. FedSteer runs pinned before it record no ``sqrt``.
   ATen's kernels are limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``); MKL runs its
   ``COMPATIBLE`` branch in strict reproducible mode (``MKL_CBWR=COMPATIBLE,STRICT``, Intel's
   "conditional numerical reproducibility": SSE2 without the approximate rcpps/rsqrtps, whose
