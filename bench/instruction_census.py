@@ -89,6 +89,8 @@ def build(source: Path | str, out: Path, shared: bool) -> Path:
         path = out.with_suffix(".c")
         path.write_text(source)
         source = path
+    if shutil.which("cc") is None:
+        sys.exit("instruction_census: no C compiler (cc); install Debian's build-essential")
     flags = ["-shared", "-fPIC"] if shared else []
     proc = subprocess.run(["cc", "-O2", *flags, "-o", str(out), str(source)], capture_output=True, text=True)
     if proc.returncode != 0:
