@@ -28,12 +28,13 @@ one of those (`IMPLEMENTATION_DEFINED`). Exit status 1 when one ran, 0 otherwise
 
 `--self-test` runs a small C program that takes one approximate reciprocal square root and one
 exact square root, natively and under QEMU with the census: the census must find ``rsqrtps``
-(and the two machines' results differ, since QEMU computes it in full), and the same program
-told to take only the square root must execute nothing from the list.
+(it prints the result on this CPU beside the one under QEMU, which computes it in full), and
+the same program told to take only the square root must execute nothing from the list. A long
+command's output is shown as it comes (and its last lines kept in the census file).
 
 What this does not cover: which instructions a real CPU is given depends on what it reports
-(CPUID). The emulated Haswell is an Intel CPU with AVX2 and FMA, as is every Intel CPU since
-2013; with the pinned kernels ATen stays at AVX2 and MKL on its COMPATIBLE branch whatever more
+(CPUID). The emulated Haswell is an Intel CPU with AVX2 and FMA, as is every Intel Core and
+Xeon CPU since Haswell (2013); with the pinned kernels ATen stays at AVX2 and MKL on its COMPATIBLE branch whatever more
 a CPU has, but numpy and glibc choose their own code for CPUs with AVX-512. The census is of
 what the emulated CPU was given.
 """
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -98,18 +100,29 @@ def build(source: Path | str, out: Path, shared: bool) -> Path:
     return out
 
 
-def census(command: list[str], cpu: str = "Haswell-noTSX",
-           workdir: Path | None = None) -> tuple[dict[str, int], subprocess.CompletedProcess]:
+def census(command: list[str], cpu: str = "Haswell-noTSX", workdir: Path | None = None,
+           echo: bool = False) -> tuple[dict[str, int], subprocess.CompletedProcess]:
     """Run `command` under `qemu-x86_64 -cpu CPU` with the census plugin: {mnemonic: executions}
-    and the finished process (its output captured)."""
+    and the finished process, its standard output captured (with `echo`, also shown as it comes,
+    unbuffered, and its standard error left on the terminal)."""
     if shutil.which(QEMU) is None:
         sys.exit(f"instruction_census: no {QEMU}; install Debian's qemu-user (`make system-packages` does, as root)")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         plugin = build(PLUGIN_SOURCE, tmp / "libqemu_census.so", shared=True)
         table = tmp / "census.tsv"
-        proc = subprocess.run([QEMU, "-cpu", cpu, "-plugin", f"{plugin},out={table}", *command], cwd=workdir,
-                              capture_output=True, text=True)
+        args = [QEMU, "-cpu", cpu, "-plugin", f"{plugin},out={table}", *command]
+        if echo:
+            with subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"}) as running:
+                lines = []
+                for line in running.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    lines.append(line)
+            proc = subprocess.CompletedProcess(args, running.returncode, "".join(lines), "")
+        else:
+            proc = subprocess.run(args, cwd=workdir, capture_output=True, text=True)
         if not table.is_file():
             sys.exit(f"instruction_census: QEMU wrote no census (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
         counts: dict[str, int] = {}
@@ -156,10 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return self_test()
     if not command or args.out is None:
         parser.error("give --out CENSUS.json -- COMMAND ARGS... (or --self-test)")
-    counts, proc = census(command, args.cpu, ROOT)
-    sys.stdout.write(proc.stdout)
+    counts, proc = census(command, args.cpu, ROOT, echo=True)
     if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
         sys.exit(f"instruction_census: the command failed under QEMU (exit {proc.returncode})")
     flagged = implementation_defined(counts)
     version = subprocess.run([QEMU, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
