@@ -129,8 +129,8 @@ def census(command: list[str], cpu: str = "Haswell-noTSX", workdir: Path | None 
         for line in table.read_text().splitlines():
             if line.startswith("#"):
                 sys.exit(f"instruction_census: {line[1:].strip()}")
-            name, count, _ = line.split("\t")
-            counts[name] = counts.get(name, 0) + int(count)
+            name, count = line.split("\t")
+            counts[name] = int(count)
     return {k: v for k, v in counts.items() if v > 0}, proc
 
 

@@ -8,8 +8,8 @@
  *     cc -shared -fPIC -O2 -o libqemu_census.so bench/qemu_census.c
  *     qemu-x86_64 -cpu Haswell-noTSX -plugin ./libqemu_census.so,out=census.tsv PROGRAM ARGS...
  *
- * census.tsv has one line per mnemonic: the mnemonic, how many times it ran, and the guest address
- * of its first translated occurrence (hex). Prefixes (rep, lock, ...) stay with the mnemonic.
+ * census.tsv has one line per mnemonic: the mnemonic and how many times it ran. Prefixes (rep,
+ * lock, ...) stay with the mnemonic.
  *
  * The plugin API of QEMU 7.2 (Debian 12's qemu-user; API version 1) is declared below, only the
  * part used here, so that no QEMU source is needed to build it. Every execution of an instruction
@@ -36,7 +36,6 @@ void qemu_plugin_register_vcpu_insn_exec_inline(struct qemu_plugin_insn *insn, e
                                                 void *ptr, uint64_t imm);
 size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *tb);
 struct qemu_plugin_insn *qemu_plugin_tb_get_insn(const struct qemu_plugin_tb *tb, size_t idx);
-uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
 char *qemu_plugin_insn_disas(const struct qemu_plugin_insn *insn);
 void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
 void qemu_plugin_outs(const char *string);
@@ -46,8 +45,7 @@ __attribute__((visibility("default"))) int qemu_plugin_version = 1;
 #define SLOTS 16384 /* distinct mnemonics; x86 has a few thousand */
 
 struct mnemonic {
-    uint64_t count; /* first member, 8-byte aligned: the inline add's target */
-    uint64_t first_vaddr;
+    uint64_t count; /* 8-byte aligned: the inline add's target */
     char *name;
 };
 
@@ -82,14 +80,13 @@ static void mnemonic_of(const char *disas, char *buf, size_t size) {
     buf[used] = '\0';
 }
 
-static struct mnemonic *lookup(const char *name, uint64_t vaddr) {
+static struct mnemonic *lookup(const char *name) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
     for (size_t probe = 0; probe < SLOTS; probe++) {
         struct mnemonic *m = &table[(h + probe) % SLOTS];
         if (m->name == NULL) {
             m->name = strdup(name);
-            m->first_vaddr = vaddr;
             return m;
         }
         if (strcmp(m->name, name) == 0) return m;
@@ -107,7 +104,7 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
         char *disas = qemu_plugin_insn_disas(insn);
         mnemonic_of(disas ? disas : "(undisassembled)", name, sizeof name);
         free(disas);
-        struct mnemonic *m = lookup(name[0] ? name : "(empty)", qemu_plugin_insn_vaddr(insn));
+        struct mnemonic *m = lookup(name[0] ? name : "(empty)");
         if (m) qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64, &m->count, 1);
     }
     pthread_mutex_unlock(&table_lock);
@@ -123,8 +120,7 @@ static void write_census(qemu_plugin_id_t id, void *userdata) {
     }
     if (table_full) fprintf(f, "# table full: some mnemonics were not counted\n");
     for (size_t i = 0; i < SLOTS; i++)
-        if (table[i].name) fprintf(f, "%s\t%llu\t%llx\n", table[i].name, (unsigned long long)table[i].count,
-                                   (unsigned long long)table[i].first_vaddr);
+        if (table[i].name) fprintf(f, "%s\t%llu\n", table[i].name, (unsigned long long)table[i].count);
     fclose(f);
 }
 
