@@ -32,7 +32,7 @@ def paper_grid(dataset: str = "fmnist", profile: str = "paper", device: str = "c
     return grid(dataset, paper_methods(dataset), profile, device=device)
 
 
-FEW_SEED_GROUPS = ("coreset_lambda", "forced_refresh")  # ablations run on the profile's first `ablation_seeds`
+FEW_SEED_GROUPS = ("forced_refresh",)  # a check of ours, run on the profile's first `ablation_seeds` seeds
 
 
 def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> dict[str, list[RunConfig]]:
@@ -43,8 +43,9 @@ def ablation_grid(dataset: str = "fmnist", profile: str | Profile = "paper", dev
     few = prof.seeds[: prof.ablation_seeds]  # FEW_SEED_GROUPS use fewer seeds (stated in the book)
     kw = dict(profile=prof, device=device)
     return {
+        # Fig. 5 (|X| x lambda), every seed of the profile: a claim of the paper, decided like the others.
         "coreset_lambda": grid(dataset, [method("fedsteer", core_size=s, lam=l, refresh_every=5)
-                                         for s in prof.coreset_sizes for l in (0.0, 0.5)], seeds=few, **kw),
+                                         for s in prof.coreset_sizes for l in (0.0, 0.5)], **kw),
         "subsampled": grid(dataset, [method("fedsteer", core_size=k, lam=lam, subsample=20)], **kw),
         "random_core": grid(dataset, [method("fedsteer", core_size=k, lam=lam, selection="random")], **kw),
         "ordering": grid(dataset, [method("fedsteer", core_size=k, lam=lam, ordering="as_written")], **kw),
@@ -180,24 +181,25 @@ def convergence_methods(dataset: str, profile: str | Profile = "paper") -> list[
 
 def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
                      device: str = "cpu") -> list[RunConfig]:
-    """The variance-term probe runs (Theorem 2): `convergence_methods` x the profile's gammas x
-    its first seed, with `Diagnostics(probe_every=profile.probe_every)` (every client's true
-    update and the aggregation's mean squared error to sum_i d_i g_i on every probe round)."""
+    """The variance probe runs (Theorem 1's variance, Theorem 2's term): `convergence_methods` x
+    the profile's gammas x its seeds, with `Diagnostics(probe_every=profile.probe_every)` (every
+    client's true update and the aggregation's mean squared error to sum_i d_i g_i on every probe
+    round)."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
-    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
-    return grid(dataset, convergence_methods(dataset, prof), prof, gammas=prof.gammas, seeds=first, device=device,
+    seeds = tuple(seeds) if seeds is not None else prof.seeds
+    return grid(dataset, convergence_methods(dataset, prof), prof, gammas=prof.gammas, seeds=seeds, device=device,
                 diagnostics=Diagnostics(probe_every=prof.probe_every))
 
 
 def alignment_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
                    device: str = "cpu") -> list[RunConfig]:
     """The alignment probe runs: FedSteer (the data set's |X| and lambda) x the profile's gammas
-    x its first `ablation_seeds` seeds, probing every `probe_every` rounds (cos of stale and of
-    steered estimates against the true updates)."""
+    x its seeds, probing every `probe_every` rounds (cos of stale and of steered estimates
+    against the true updates). They are FedSteer's runs of `convergence_grid` (same keys)."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     dd = DATASET_DEFAULTS[dataset]
-    few = (tuple(seeds) if seeds is not None else prof.seeds)[: prof.ablation_seeds]
-    return grid(dataset, [method("fedsteer", core_size=dd["core_size"], lam=dd["lam"])], prof, seeds=few,
+    seeds = tuple(seeds) if seeds is not None else prof.seeds
+    return grid(dataset, [method("fedsteer", core_size=dd["core_size"], lam=dd["lam"])], prof, seeds=seeds,
                 device=device, diagnostics=Diagnostics(probe_every=prof.probe_every))
 
 
@@ -210,18 +212,22 @@ STABILITY_REFRESH_EVERY = 5  # Fig. 8's runs: enforce=5 read as refresh_every=5
 def stability_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
                    device: str = "cpu") -> dict[str, RunConfig]:
     """The coordinate-stability runs (Fig. 8): FedSteer with enforce=5 (refresh_every=5) for
-    lambda in {0, 0.5} x |X| in {10, 40}, at the profile's largest gamma and first seed, with
-    the coordinates of clients 5, 55 and 95 recorded every round. Keys name the settings."""
+    lambda in {0, 0.5} x |X| in {10, 40}, at the profile's gammas and seeds, with the
+    coordinates of clients 5, 55 and 95 recorded every round. Keys name the settings, gamma and
+    seed."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     # At least two refresh periods, so that a client can be seen refreshed (the quick profile's
     # 5 rounds are one period; the paper's 150 are unchanged).
     prof = replace(prof, rounds=max(prof.rounds, 2 * STABILITY_REFRESH_EVERY))
-    first = (tuple(seeds) if seeds is not None else prof.seeds)[:1]
+    seeds = tuple(seeds) if seeds is not None else prof.seeds
     settings = {f"λ={lam}, |X|={k}": method("fedsteer", core_size=k, lam=lam, refresh_every=STABILITY_REFRESH_EVERY)
                 for lam in (0.0, 0.5) for k in (10, 40)}
-    configs = grid(dataset, list(settings.values()), prof, gammas=[max(prof.gammas)], seeds=first, device=device,
-                   diagnostics=Diagnostics(track_coords=TRACKED_CLIENTS))
-    return dict(zip(settings, configs))
+    out = {}
+    for name, spec in settings.items():
+        for c in grid(dataset, [spec], prof, gammas=prof.gammas, seeds=seeds, device=device,
+                      diagnostics=Diagnostics(track_coords=TRACKED_CLIENTS)):
+            out[(name, c.system.gamma, c.seed)] = c
+    return out
 
 
 def reference_grid(dataset: str = "fmnist", profile: str | Profile = "paper", device: str = "cpu") -> list[RunConfig]:
@@ -268,7 +274,7 @@ def _tuning(dataset: str, profile: str | Profile, device: str, root: str | os.Pa
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
 # chapters show the runs that are cached and say how many are missing; `make book` never
 # computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
-IN_PROGRESS: frozenset[str] = frozenset()
+IN_PROGRESS: frozenset[str] = frozenset({"coreset_lambda", "alignment_probes", "convergence_probes", "coordinate_stability"})
 
 
 # What `--what` selects: each entry returns {group name: configs}, given the data set, the
