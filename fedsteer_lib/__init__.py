@@ -10,10 +10,8 @@ The package is four rooms; imports go one way only, book -> experiments -> simul
 - `experiments/`: the one method `registry`, run `config`urations and profiles, the run
   `groups`, the `results` cache, `sweep`, `tuning`, `doctor` and the command line (`cli`);
 - `book/`: what only the book needs (paper numbers, statistics, tables, prose, figures).
+
+Importing the package changes nothing in the process: torch keeps its own kernels and threads.
+The project's entry points (the command line, the notebooks' `setup`, sweep and Ray workers)
+choose the kernel mode before torch computes (`numerics.select_kernels`).
 """
-
-# The kernel mode (pinned by default: bit-identical runs on any x86-64 CPU with AVX2) must be in
-# force before torch computes anything in this process: set it on first import (fedsteer_lib.numerics).
-from . import numerics as _numerics
-
-_numerics.select_kernels()

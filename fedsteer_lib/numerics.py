@@ -1,66 +1,18 @@
-"""How a run's arithmetic is done, decided in this one place: which CPU kernels, how many threads.
+"""How a run's arithmetic is done: which CPU kernels, how many threads, which precision.
 
-Two kernel modes, fixed for a whole process before torch computes anything:
+Kernel modes, chosen once per process by an entry point before torch computes (`select_kernels`).
+Importing fedsteer_lib chooses nothing: a process that never selects keeps torch's own kernels.
 
-- ``pinned`` (the default): meant to give the same run the same bits on any x86-64 CPU with AVX2
-  (every server and desktop CPU of the last decade), Intel or AMD, whatever its best instruction
-  set (AVX-512, AMX). Checked: the same bits under every maximum ISA of one CPU (Intel Xeon with
-  AMX; AMD EPYC); across two Intel Xeon generations (`cpu_signature` 6/167/1 and 6/207/2) for
-  the short reference run; and from an Intel Xeon (6/167/1) to an AMD EPYC (AuthenticAMD
-  25/17/1) for the reference run and for 150-round Table 1 runs of every baseline (client
-  training, evaluation and their server steps). FedSteer's server step, the only one that takes
-  square roots, gave other bits on the two vendors' CPUs until its square roots were taken by
-  `sqrt` (correctly rounded) instead of torch.sqrt (MKL's vector math, CPU-dependent last bit);
-  that it now keeps its bits across vendors is shown under QEMU's emulation of an Intel CPU
-  (`bench/op_trace.py`; data/results/verify/main-pinned-rechecked-on-an-amd-cpu.jsonl has
-  the checks before the change), where FedSteer's server calls and the whole reference run
-  execute no instruction whose result the manuals leave to the CPU (`bench/instruction_census.py`;
-  data/results/verify/census/), so a real Intel CPU handed the same instructions computes the
-  same bits; not yet checked on one. FedSteer runs pinned before it record no ``sqrt``.
-  ATen's kernels are limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``); MKL runs its
-  ``COMPATIBLE`` branch in strict reproducible mode (``MKL_CBWR=COMPATIBLE,STRICT``, Intel's
-  "conditional numerical reproducibility": SSE2 without the approximate rcpps/rsqrtps, whose
-  results differ between vendors). MKL's AVX2 branch, the first pin tried, is served only on
-  Intel CPUs: on others MKL silently takes its AUTO branch, and the committed reference run,
-  computed pinned to AVX2 on an AMD EPYC, did not come back bit for bit on an Intel Xeon (nor
-  did a pinned SCAFFOLD run of Table 1); results stored under that first pin say so in their
-  provenance (``mkl_cbwr: AVX2,STRICT``) and `verify` does not demand their bits. oneDNN is
-  switched off for the run, so convolutions are torch's own (im2col and MKL's GEMM): pinning
-  oneDNN to AVX2 is not enough, since its kernels block the work by the CPU's cache sizes (the
-  same FedAvg run, pinned to AVX2, ended at 0.8146 on an Intel CPU with AMX and at 0.8148 on an
-  AMD EPYC); NNPACK, which torch would use instead, sizes its blocks by the caches too, and is
-  off as well; and every CPU run uses one intra-op thread (a second thread changes the order of
-  the sums). Each of these changes a run's bits on its own (measured with torch 2.14).
-- ``native``: torch's own choice for this CPU (oneDNN, AVX-512/AMX where present) and as many
-  threads as the caller sets. Faster, but the bits depend on the CPU.
+- ``pinned``: a run gives the same bits on any x86-64 CPU with AVX2, Intel or AMD. ATen is limited
+  to AVX2 (``ATEN_CPU_CAPABILITY``), MKL runs its strict compatible branch (``MKL_CBWR``), oneDNN
+  and NNPACK are off and each run uses one thread (`kernels_for_run`), and square roots are
+  correctly rounded (`sqrt`). The command line and the paper profile's notebooks select it by
+  default (``FEDSTEER_KERNELS`` or ``--kernels`` choose otherwise).
+- ``native``: torch's own kernels for this CPU and the caller's threads: faster, CPU-dependent bits.
 
-The mode comes from ``FEDSTEER_KERNELS`` (``pinned`` when unset) when `fedsteer_lib` is first
-imported, which sets the variables above before torch computes; `select_kernels` changes it in
-a process that has not computed yet (the command line's ``--kernels``). Child processes
-(sweep workers, Ray tasks) inherit it through the environment; `kernels_for_run` applies the
-per-run part (threads, oneDNN) around every run of the engine. The kernels are not part of a
-run's key: pinned and native runs of a config are the same run computed two ways, and the
-result's provenance says which (`machine`).
-
-The other numerical choice, a run's **precision**, belongs to the run's config (and to its key
-when it is not fp32: a bf16 run is another run, never mixed with fp32 ones), not to the process:
-
-- ``fp32`` (the default): everything in float32, with the process's kernels as above.
-- ``bf16``: client training (forward and backward) and evaluation under bfloat16 autocast
-  (`autocast`), on CPU and CUDA; the model weights, the updates g_i, the server state and every
-  server computation (Eq. 3/4, the core-set search) stay float32. A bf16 CPU run always has
-  oneDNN on, even in a pinned process: oneDNN is the only library torch routes bfloat16
-  matmuls and convolutions to that uses the CPU's bfloat16 units (AMX, AVX512-BF16); without it
-  they fall back to torch's generic loops, slower than float32 on every CPU. Its bits therefore
-  depend on the CPU, so it is never "pinned": its provenance says ``kernels: bf16``, and
-  `verify` never requires it to come back bit for bit. The rest of the process's mode still
-  applies to it (a pinned process: ATen at AVX2, MKL's strict compatible branch for the float32
-  server computations, one thread per run; native: the caller's threads). On a CPU without
-  bfloat16 units (AVX2 only: no ``avx512_bf16`` or ``amx_bf16`` in `cpu_flags`) bf16 is
-  emulated and much slower than fp32 (data/results/bench/precision.json measures both): use
-  it on CPUs with AMX or on GPUs. `kernels_for_run(device, precision)` is the one place that
-  sets all this.
-
+What was checked on which CPUs, and what the pin costs, is the book's "Numerical reproducibility"
+appendix. A run's precision (fp32, or bf16 autocast for client training and evaluation) belongs
+to its config (`autocast`, `kernels_for_run`); a bf16 CPU run has oneDNN on, so it is never pinned.
 Standard library only at import, so that it can run before torch is imported.
 """
 from __future__ import annotations
@@ -75,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["KERNELS", "PRECISIONS", "BF16_KERNELS", "ENV_VAR", "PINNED_ENV", "GPU_KERNELS", "FIRST_PIN_MKL_CBWR",
-           "NumericsError", "select_kernels", "kernels", "check_kernels", "check_precision", "kernels_for_run",
+           "NumericsError", "select_kernels", "selected", "kernels", "check_kernels", "check_precision", "kernels_for_run",
            "run_kernels", "autocast", "has_bf16_units", "machine", "cpu_model", "cpu_signature", "cpu_flags",
            "tree_diff_hash", "SQRT", "sqrt"]
 
@@ -105,8 +57,9 @@ class NumericsError(RuntimeError):
 
 def select_kernels(mode: str | None = None) -> str:
     """Put kernel mode `mode` ("pinned" or "native"; None: ``$FEDSTEER_KERNELS``, else "pinned")
-    in force for this process and its children. Takes effect only if torch has not computed yet
-    in this process (`check_kernels` says whether it did)."""
+    in force for this process and the processes it starts (through the environment). Called by
+    entry points only, never on import; it takes effect only if torch has not computed yet in
+    this process (`check_kernels` says whether it did)."""
     global _MODE
     mode = mode if mode is not None else (os.environ.get(ENV_VAR) or "pinned")
     if mode not in KERNELS:
@@ -124,9 +77,15 @@ def select_kernels(mode: str | None = None) -> str:
     return mode
 
 
+def selected() -> str | None:
+    """The kernel mode an entry point selected in this process (`select_kernels`), else None."""
+    return _MODE
+
+
 def kernels() -> str:
-    """The kernel mode of this process."""
-    return _MODE if _MODE is not None else select_kernels()
+    """The kernel mode of this process: the one `select_kernels` put in force, else "native"
+    (nothing was selected, so torch computes with its own kernels)."""
+    return _MODE if _MODE is not None else "native"
 
 
 def check_kernels(device: str = "cpu") -> None:
@@ -140,8 +99,8 @@ def check_kernels(device: str = "cpu") -> None:
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != PINNED_CAPABILITY:
         why = ("this CPU lacks AVX2" if "avx2" not in cpu_flags() else
-               "torch computed in this process before fedsteer_lib pinned its kernels (import fedsteer_lib before "
-               "using torch)")
+               "torch computed in this process before the pinned kernels were selected (call "
+               "fedsteer_lib.numerics.select_kernels('pinned') before torch computes)")
         raise NumericsError(f"pinned kernels asked for, but torch uses {capability} kernels: {why}; "
                             f"or compute with native kernels ({ENV_VAR}=native or --kernels native)")
     changed = {k: os.environ.get(k) for k, v in PINNED_ENV.items() if os.environ.get(k) != v}

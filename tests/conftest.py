@@ -1,4 +1,4 @@
-"""Collection rules for `make test`.
+"""Collection rules for `make test`, and the kernel mode of the test processes (native).
 
 - When the book's headless browser is missing, its check fails once with the fix, not per page.
 - `make test` runs on pytest-xdist workers with the scheduler below: every test file, and every
@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from fedsteer_lib import numerics
 from fedsteer_lib.experiments.doctor import chromium_problem
+
+# The tests compute with native kernels (fast; their bits are compared only within this process).
+# What must be pinned runs in a process of its own: the committed reference run is recomputed by
+# `python -m fedsteer_lib verify --what reference --kernels pinned` (tests/test_numerics.py).
+numerics.select_kernels("native")
 
 BROWSER_TESTS = "test_book_browser.py"
 BROWSER_PRESENT = "test_chromium_is_installed"

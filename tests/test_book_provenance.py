@@ -181,20 +181,3 @@ def test_verify_breakdown_by_hand(tmp_path):
     assert by_method.loc[METHODS["fedvarp"].display, "largest change"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="by="):
         provenance.verify_breakdown(groups, logs, by="seed")
-
-
-def test_census_markdown_by_hand(tmp_path):
-    assert "No instruction census has been taken yet" in provenance.census_markdown(tmp_path)
-
-    def census(name: str, note: str | None, flagged: dict[str, int]) -> None:
-        record = {"command": ["python", "x.py"], "cpu": "Haswell-noTSX", "instructions_executed": 1234567,
-                  "distinct_mnemonics": 89, "implementation_defined_executed": flagged, **({"note": note} if note else {})}
-        (tmp_path / f"{name}.json").write_text(json.dumps(record))
-
-    census("a", "the server calls", {})
-    census("b", None, {"rsqrtps": 2048, "fsin": 1})
-    rows = provenance.census_markdown(tmp_path).splitlines()
-    assert rows[0] == "| computation | emulated CPU | instructions executed | kinds | with CPU-dependent results |"
-    assert rows[2] == "| the server calls | Haswell-noTSX | 1,234,567 | 89 | none |"
-    assert rows[3] == "| python x.py | Haswell-noTSX | 1,234,567 | 89 | rsqrtps (2,048), fsin (1) |"
-    assert len(rows) == 4

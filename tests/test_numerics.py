@@ -27,7 +27,8 @@ SMALL = RunConfig(method=method("fedavg"), system=FLSystem(num_clients=20, gamma
 
 RUN = """
 import json, sys
-import fedsteer_lib  # pins (or not) before torch computes
+from fedsteer_lib import numerics
+numerics.select_kernels()  # $FEDSTEER_KERNELS, before torch computes (as every entry point does)
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
 from fedsteer_lib.simulator.engine import run
 c = RunConfig(method=method("fedavg"), system=FLSystem(num_clients=20, gamma=0.9, validation_size=1000), seed=0,
@@ -74,16 +75,15 @@ def test_pinned_kernels_refuse_a_process_where_torch_computed_first():
 import os, torch
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
 torch.ones(8).sum()  # ATen's CPU capability is now fixed at DEFAULT
-import fedsteer_lib
 from fedsteer_lib import numerics
+numerics.select_kernels("pinned")
 try:
     numerics.check_kernels("cpu")
 except numerics.NumericsError as err:
     print("REFUSED", err)
 """
-    env = {**os.environ, numerics.ENV_VAR: "pinned"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True).stdout
-    assert "REFUSED pinned kernels asked for, but torch uses DEFAULT kernels" in out and "import fedsteer_lib before" in out
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True).stdout
+    assert "REFUSED pinned kernels asked for, but torch uses DEFAULT kernels" in out and "select_kernels('pinned') before torch computes" in out
 
 
 @pytest.fixture(scope="module")
@@ -239,8 +239,8 @@ def test_verify_log_keeps_a_record_when_the_log_file_is_replaced_mid_run(cache):
 
 def test_the_committed_pinned_reference_run_reproduces_bit_for_bit():
     """CI's check that a committed pinned run comes back bit for bit on the machine CI runs on."""
-    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "verify", "--what", "reference"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "verify", "--what", "reference", "--kernels", "pinned"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "1 of 1 bit-identical" in proc.stdout, proc.stdout + proc.stderr
     assert "stored on" in proc.stdout and "pinned kernels" in proc.stdout
 
@@ -327,65 +327,3 @@ def test_verify_skip_logged_leaves_out_the_runs_its_log_has(cache, capsys, tmp_p
     with pytest.raises(SystemExit):
         cli.main(["verify", "--profile", "quick", "--results", str(cache), "--key", SMALL.key(), "--skip-logged"])
     assert "--skip-logged goes with --log FILE" in capsys.readouterr().err
-
-
-# --- bench/op_trace.py: the first operation whose bits differ between two machines ----------------
-def test_op_trace_names_the_first_operation_whose_output_differs(cache, tmp_path):
-    def trace(out: Path, *more: str) -> None:
-        proc = subprocess.run([sys.executable, "bench/op_trace.py", SMALL.key(), "--rounds", "2", "--results", str(cache),
-                               "--out", str(out), *more], cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        assert "history identical to the stored run's" in proc.stdout, proc.stdout
-
-    def compare(a: Path, b: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "bench/op_trace.py", "--compare", str(a), str(b)], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
-
-    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    trace(first, "--capture", str(tmp_path / "inputs.pt"))
-    trace(second)
-    same = compare(first, second)
-    assert same.returncode == 0 and "the traces agree on every operation" in same.stdout, same.stdout
-    # The server calls replayed from their saved inputs run the same operations with the same bits.
-    replayed = tmp_path / "replayed.jsonl"
-    proc = subprocess.run([sys.executable, "bench/op_trace.py", "--replay", str(tmp_path / "inputs.pt"), "--out",
-                           str(replayed), "--note", "replayed here"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "server calls replayed" in proc.stdout, proc.stdout + proc.stderr
-    assert len(replayed.read_text().splitlines()) == len(first.read_text().splitlines())
-    same = compare(first, replayed)
-    assert same.returncode == 0 and "the traces agree on every operation" in same.stdout, same.stdout
-    assert "(replayed here)" in same.stdout
-    lines = first.read_text().splitlines()
-    ops = [json.loads(line) for line in lines[1:]]
-    assert {(op["call"], op["round"]) for op in ops} >= {("aggregate", 0), ("update", 0), ("aggregate", 1), ("update", 1)}
-    # Another machine: the same inputs, another output, at the first operation that writes a tensor.
-    i = next(i for i, op in enumerate(ops) if op["op"] not in ("<enter>", "<return>") and op["out"])
-    ops[i]["out"][0]["sha1"] = "0" * 12
-    other = tmp_path / "other.jsonl"
-    other.write_text("\n".join([lines[0], *map(json.dumps, ops)]) + "\n")
-    differs = compare(first, other)
-    assert differs.returncode == 1, differs.stdout
-    assert f"operation {i} ({ops[i]['op']} in {ops[i]['call']}, round {ops[i]['round']}) differs first, with same inputs" \
-        in differs.stdout, differs.stdout
-
-
-# --- bench/instruction_census.py: the instructions whose results depend on the CPU ---------------
-def test_instruction_census_finds_an_approximate_instruction_and_none_where_none_runs():
-    proc = subprocess.run([sys.executable, "bench/instruction_census.py", "--self-test"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "the census found {'rsqrtps': 1}" in proc.stdout, proc.stdout
-    assert "sqrtps(3) alone: the census found nothing from the list" in proc.stdout, proc.stdout
-
-
-def test_instruction_census_writes_every_mnemonic_a_command_executes(tmp_path):
-    out = tmp_path / "census.json"
-    proc = subprocess.run([sys.executable, "bench/instruction_census.py", "--out", str(out), "--note", "echo",
-                           "--", "/bin/echo", "hello"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("hello\n")
-    record = json.loads(out.read_text())
-    assert record["command"] == ["/bin/echo", "hello"] and record["note"] == "echo"
-    assert record["implementation_defined_executed"] == {}
-    assert record["instructions_executed"] == sum(record["counts"].values()) > 10_000
-    assert record["counts"]["syscall"] >= 2  # at least the write and the exit

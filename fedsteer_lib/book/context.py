@@ -7,6 +7,7 @@ it (`Book.runs` for the result tables of chapters 6, 7, 9, 10; `Book.curves` for
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -15,6 +16,7 @@ import matplotlib
 import pandas as pd
 import seaborn as sns
 
+from .. import numerics
 from ..experiments.config import DATASET_DEFAULTS, ConfigError, Profile, RunConfig, get_profile
 from ..experiments.groups import IN_PROGRESS
 from ..experiments.results import history_table, results_root, runs_table
@@ -77,6 +79,8 @@ def setup(profile: str = "quick", dataset: str = "fmnist", seeds: Sequence[int] 
     seeds = prof.seeds if seeds is None else check_seeds(seeds)
     if prof.seeds != seeds:
         prof = replace(prof, seeds=seeds)
+    if numerics.selected() is None:  # the notebook's process: its profile's kernels, before torch computes
+        numerics.select_kernels(os.environ.get(numerics.ENV_VAR) or prof.kernels)
     matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 110, "figure.figsize": (7.0, 4.0)})
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
     return Book(prof, dataset, seeds, device, workers, results_root(prof))

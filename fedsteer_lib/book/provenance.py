@@ -26,7 +26,7 @@ from ..experiments.results import has_run, load_run, results_root, runs_table
 from ..experiments.verify import stored_kernels
 
 __all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
-           "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "census_markdown", "markdown_table",
+           "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "markdown_table",
            "write_generated"]
 
 RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "kernels", "CPU", "device",
@@ -240,26 +240,6 @@ def cost_markdown(path: str | os.PathLike = COST_FILE) -> str:
     return "\n".join(lines) + "\n"
 
 
-def census_markdown(census_dir: str | os.PathLike = VERIFY_DIR / "census") -> str:
-    """The instruction censuses (`bench/instruction_census.py`, one JSON file each) as a Markdown
-    table: what ran under QEMU, how many instructions it executed and of how many kinds, and which
-    of them give CPU-dependent results."""
-    import json
-
-    rows = []
-    for path in sorted(Path(census_dir).glob("*.json")):
-        data = json.loads(path.read_text())
-        flagged = data["implementation_defined_executed"]
-        rows.append({"computation": data.get("note") or " ".join(data["command"]), "emulated CPU": data["cpu"],
-                     "instructions executed": f"{data['instructions_executed']:,}",
-                     "kinds": data["distinct_mnemonics"],
-                     "with CPU-dependent results": ", ".join(f"{k} ({n:,})" for k, n in flagged.items()) or "none"})
-    if not rows:
-        return "No instruction census has been taken yet (`bench/instruction_census.py`).\n"
-    table = pd.DataFrame(rows)
-    return "\n".join(markdown_table(table, list(table.columns), {})) + "\n"
-
-
 def _write_if_changed(path: Path, text: str) -> None:
     if not path.is_file() or path.read_text(encoding="utf8") != text:
         path.write_text(text, encoding="utf8")
@@ -277,14 +257,13 @@ def write_generated(out_dir: str | os.PathLike, dataset: str = "fmnist", profile
     groups = run_groups(dataset, profile, root=root)
     paths = {"runtime": out / "runtime.md", "runs": out / "runs.csv", "verify": out / "verify.md",
              "verify_groups": out / "verify_groups.md", "verify_methods": out / "verify_methods.md",
-             "cost": out / "numerics_cost.md", "precision": out / "precision.md", "census": out / "census.md"}
+             "cost": out / "numerics_cost.md", "precision": out / "precision.md"}
     _write_if_changed(paths["runtime"], runtime_markdown(runtime_table(groups, root)))
     _write_if_changed(paths["runs"], all_runs_table(groups, root).to_csv(index=False))
     _write_if_changed(paths["verify"], verify_markdown(verify_table(Path(root) / "verify")))
     for by in ("group", "method"):
         _write_if_changed(paths[f"verify_{by}s"], verify_markdown(verify_breakdown(groups, Path(root) / "verify", by)))
     _write_if_changed(paths["cost"], cost_markdown(Path(root) / "bench" / "numerics_cost.json"))
-    _write_if_changed(paths["census"], census_markdown(Path(root) / "verify" / "census"))
     from .precision_report import precision_markdown
 
     _write_if_changed(paths["precision"], precision_markdown(dataset, profile, root, Path(root) / "bench" / "precision.json"))

@@ -28,7 +28,7 @@ from .registry import METHODS as REGISTRY
 __all__ = [
     "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHOD_DEFAULTS", "PROFILES",
     "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile", "LATE_DEFAULTS",
-    "framework_methods", "regime_methods", "BATCH_STREAMS", "PRECISIONS", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
+    "framework_methods", "regime_methods", "same_data", "BATCH_STREAMS", "PRECISIONS", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
 ]
 
 
@@ -165,6 +165,12 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
+def same_data(a: RunConfig, b: RunConfig) -> bool:
+    """Whether runs `a` and `b` train on the same prepared data (`simulator.engine.prepare`):
+    same data set, system, seed, EMNIST split and device, so a worker can reuse it."""
+    return (a.dataset, a.system, a.seed, a.emnist_split, a.device) == (b.dataset, b.system, b.seed, b.emnist_split, b.device)
+
+
 # Hyperparameters chosen by the FedAvg-only validation tuning (fedsteer_lib.tuning; evidence in
 # data/results/tuning/fmnist.csv and the book's chapter 10), frozen for all methods: client lr
 # 0.1 and E = 2 had the best validation accuracy (0.817 averaged over both gammas); lr 0.3 with
@@ -269,6 +275,10 @@ class Profile:
     calibrated_roles: tuple[str, ...] | None = None  # the calibrated point's methods (None: all of them)
     local_epochs: int | None = None  # every run's local epochs E (None: the tuned value, TUNED)
     convergence_roles: tuple[str, ...] | None = None  # the variance probes' methods (None: all of them)
+    # The kernel mode a notebook of this profile computes with (`numerics`; $FEDSTEER_KERNELS
+    # overrides it): pinned for the paper's results, native for the quick test profile, whose
+    # bits nobody compares across machines.
+    kernels: str = "pinned"
 
 
 PROFILES: dict[str, Profile] = {
@@ -281,7 +291,8 @@ PROFILES: dict[str, Profile] = {
                      local_epochs=1,
                      server_lrs=(0.5, 1.0), server_step_roles=("fedavg_unbiased",),
                      calibrated_roles=("fedavg", "fedavg_unbiased", "mifa_wait_all", "fedsteer", "fedsteer_as_written"),
-                     convergence_roles=("fedavg_unbiased", "fedvarp", "mifa", "fedsteer", "fedsteer_enforce5")),
+                     convergence_roles=("fedavg_unbiased", "fedvarp", "mifa", "fedsteer", "fedsteer_enforce5"),
+                     kernels="native"),
 }
 
 

@@ -27,10 +27,7 @@ MATHJAX = ROOT / "book" / "_static" / "mathjax" / "tex-chtml.js"
 # Debian packages the project uses that a fresh machine of this kind lacks, with the file that
 # shows each is there. dataset-fashion-mnist is installed by `python -m fedsteer_lib data`
 # (it can also come from elsewhere: FEDSTEER_DATA), so it is checked with the data sets below.
-# qemu-user runs bench/op_trace.py --replay on an emulated Intel CPU (how FedSteer's
-# CPU-dependent square roots were found; see its docstring), and bench/instruction_census.py
-# (which counts the instructions a run executes there; its self-test is in the test suite).
-SYSTEM_PACKAGES: dict[str, str] = {"chromium": "/usr/bin/chromium", "qemu-user": "/usr/bin/qemu-x86_64"}
+SYSTEM_PACKAGES: dict[str, str] = {"chromium": "/usr/bin/chromium"}
 
 
 def chromium_path() -> str:

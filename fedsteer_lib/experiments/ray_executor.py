@@ -15,7 +15,7 @@ import socket
 from typing import Callable, Sequence
 from urllib.parse import urlparse
 
-from .config import RunConfig
+from .config import RunConfig, same_data
 
 __all__ = ["RayUnavailableError", "address_problem", "run_on_ray", "MAX_RETRIES"]
 
@@ -51,13 +51,14 @@ def address_problem(address: str | None, timeout: float = 5.0) -> str | None:
 _SIM = None  # the prepared data of this Ray worker's last run, reused while it fits
 
 
-def _compute(config: RunConfig, threads: int):
+def _compute(config: RunConfig, threads: int, kernels: str):
     import torch
 
+    from .. import numerics
     from ..simulator.engine import prepare, run
-    from .sweep import same_data
 
     global _SIM
+    numerics.select_kernels(kernels)  # the driver's kernel mode, before this worker computes
     torch.set_num_threads(threads)
     if _SIM is None or not same_data(_SIM.config, config):
         _SIM = prepare(config)
@@ -82,14 +83,13 @@ def run_on_ray(todo: Sequence[RunConfig], save: Callable, *, workers: int, addre
     try:
         from .. import numerics
 
-        # The task's worker imports fedsteer_lib, which puts this kernel mode in force before torch computes.
-        task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False,
-                          runtime_env={"env_vars": {numerics.ENV_VAR: numerics.kernels()}})(_compute)
+        # Each task puts the driver's kernel mode in force before it computes (`_compute`).
+        task = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=MAX_RETRIES, retry_exceptions=False)(_compute)
         by_key = {c.key(): c for c in todo}
         queue, pending = list(todo), []
         while queue or pending:
             while queue and len(pending) < workers:
-                pending.append(task.remote(queue.pop(0), 1))
+                pending.append(task.remote(queue.pop(0), 1, numerics.kernels()))
             done, pending = ray.wait(pending, num_returns=1)
             key, result = ray.get(done[0])
             save(result, by_key[key])

@@ -26,8 +26,9 @@ from tqdm import tqdm
 
 from dataclasses import replace
 
+from .. import numerics
 from ..simulator.engine import SimData, prepare, run
-from .config import DATASET_DEFAULTS, TUNED, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, Training, get_profile
+from .config import DATASET_DEFAULTS, TUNED, same_data, Diagnostics, FLSystem, MethodSpec, Profile, RunConfig, Training, get_profile
 from .results import CacheLayoutError, has_run, layout_problems, run_path, save_run
 
 __all__ = ["profile_training", "grid", "run_grid", "missing", "complete_seeds", "run_lock"]
@@ -123,10 +124,6 @@ def _run_and_save(args: tuple) -> tuple[str, str]:
 _SIM: SimData | None = None
 
 
-def same_data(a: RunConfig, b: RunConfig) -> bool:
-    return (a.dataset, a.system, a.seed, a.emnist_split, a.device) == (b.dataset, b.system, b.seed, b.emnist_split, b.device)
-
-
 def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None, *, workers: int = 1,
              progress: bool = True, desc: str = "runs", executor: str = "local", address: str | None = None,
              gpus_per_run: float = 0.0, run_progress: bool = False) -> int:
@@ -178,7 +175,9 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
         else:
             threads = max(1, (os.cpu_count() or 1) // workers)
             ctx = mp.get_context("spawn")
-            with ctx.Pool(workers, maxtasksperchild=None) as pool:
+            # Each worker puts this process's kernel mode in force before it computes.
+            with ctx.Pool(workers, maxtasksperchild=None, initializer=numerics.select_kernels,
+                          initargs=(numerics.kernels(),)) as pool:
                 for key, outcome in pool.imap_unordered(_run_and_save, [(c, root_s, threads, wait) for c in batch]):
                     outcomes[key] = outcome
                     bar.update(outcome != BUSY)

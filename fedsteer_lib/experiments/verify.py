@@ -262,7 +262,8 @@ def verify_runs(runs: Sequence[tuple[RunConfig, dict[str, Any]]], root, *, worke
         for args in todo:
             done(_verify_one(args))
     else:
-        with mp.get_context("spawn").Pool(workers) as pool:
+        with mp.get_context("spawn").Pool(workers, initializer=numerics.select_kernels,
+                                          initargs=(numerics.kernels(),)) as pool:  # this process's kernel mode
             for key_result in pool.imap_unordered(_verify_one, todo):
                 done(key_result)
     return out
