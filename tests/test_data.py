@@ -334,3 +334,90 @@ def test_real_fashion_mnist(monkeypatch):
     assert torch.equal(torch.bincount(ds.train_labels, minlength=10), torch.full((10,), 6000))
     assert torch.equal(torch.bincount(ds.test_labels, minlength=10), torch.full((10,), 1000))
     assert ds.num_classes == 10 and 0 < ds.train_images.float().mean() < 255
+
+
+# --- CIFAR-10 batches run no code (issue 58) ----------------------------------------------------------
+class _Py2Pickler(pickle._Pickler):
+    """Pickles as Python 2's cPickle did when CIFAR-10 was published: protocol 2, byte strings as
+    BINSTRING (no `_codecs.encode` global), numpy's reconstructor under its old name numpy.core."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_bytes_py2(self, obj: bytes) -> None:
+        n = len(obj)
+        self.write((pickle.SHORT_BINSTRING + bytes([n]) if n < 256 else pickle.BINSTRING + struct.pack("<i", n)) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_bytes_py2
+
+
+def write_cifar_as_distributed(path: Path, images: np.ndarray, labels: list[int]) -> None:
+    rows = images.reshape(len(images), -1)
+    buffer = __import__("io").BytesIO()
+    _Py2Pickler(buffer, protocol=2).dump({b"batch_label": b"training batch 1 of 5", b"labels": labels, b"data": rows,
+                                           b"filenames": [b"img_%d.png" % i for i in range(len(labels))]})
+    raw = buffer.getvalue()
+    assert b"cnumpy._core.multiarray\n_reconstruct\n" in raw or b"cnumpy.core.multiarray\n_reconstruct\n" in raw
+    path.write_bytes(raw.replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n"))
+
+
+def test_a_batch_in_the_distributed_format_loads(tmp_path):
+    """The files as distributed (Python 2, protocol 2, numpy.core's reconstructor) need only the
+    globals the restricted unpickler admits."""
+    folder = tmp_path / "cifar-10-batches-py"
+    expected = make_cifar(folder)
+    images = np.random.default_rng(3).integers(0, 256, (4, 3, 32, 32), dtype=np.uint8)
+    write_cifar_as_distributed(folder / "data_batch_1", images, [1, 2, 3, 4])
+    ds = data.load_dataset("cifar10", tmp_path)
+    assert torch.equal(ds.train_images[:4], torch.from_numpy(images)) and ds.train_labels[:4].tolist() == [1, 2, 3, 4]
+    assert torch.equal(ds.test_images, torch.from_numpy(expected["test_images"]))
+
+
+class _Payload:
+    """What a hostile data_batch_1 holds: unpickling it with pickle.load runs a shell command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def _hostile_cifar(folder: Path, marker: Path) -> Path:
+    make_cifar(folder)
+    path = folder / "data_batch_1"
+    with open(path, "wb") as f:
+        pickle.dump({b"labels": [0, 1, 2], b"data": _Payload(marker)}, f)
+    with open(folder / "check", "wb") as f:  # the payload is real: pickle.load does run it
+        pickle.dump(_Payload(tmp := folder / "payload-works"), f)
+    with open(folder / "check", "rb") as f:
+        pickle.load(f)
+    assert tmp.exists()
+    return path
+
+
+def test_a_crafted_cifar_batch_runs_nothing_and_is_named_in_one_line(tmp_path):
+    marker = tmp_path / "marker"
+    path = _hostile_cifar(tmp_path / "cifar-10-batches-py", marker)
+    with pytest.raises(ValueError) as info:
+        data.load_dataset("cifar10", tmp_path)
+    assert not marker.exists(), "loading the batch ran its payload"
+    assert str(info.value) == f"{path}: not a CIFAR-10 python batch (it refers to posix.system, which a CIFAR-10 batch never holds)"
+
+
+def test_doctor_runs_nothing_from_a_crafted_cifar_batch_in_fedsteer_data(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    marker = tmp_path / "marker"
+    path = _hostile_cifar(tmp_path / "cifar-10-batches-py", marker)
+    env = {**os.environ, "FEDSTEER_DATA": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "doctor"], cwd=Path(__file__).resolve().parents[1],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), "doctor ran the batch's payload"
+    line = next(line for line in proc.stdout.splitlines() if " cifar10 " in f" {line} ")
+    assert line.startswith("corrupt") and f"{path}: not a CIFAR-10 python batch (it refers to posix.system" in line, line
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -19,6 +19,9 @@ Accepted layouts inside each searched directory:
   ``letters`` labels are stored as 1..26 and are shifted to 0..25.
 * CIFAR-10: the python pickle batches ``data_batch_1..5`` and ``test_batch`` in
   ``cifar-10-batches-py/``. Rows are R, G, B planes of 32x32, so they reshape to (3, 32, 32).
+  They are read by a restricted unpickler (`read_cifar_batch`) that builds only what the real
+  files hold (dicts, lists, bytes, str, numbers and numpy arrays), so a crafted file placed
+  where the loader looks runs no code: it is "not a CIFAR-10 python batch", in one line.
 """
 
 from __future__ import annotations
@@ -170,13 +173,63 @@ def _check(images: np.ndarray, labels: np.ndarray, shape: tuple, num_classes: in
         raise ValueError(f"{label_file}: labels in [{labels.min()}, {labels.max()}], expected 0..{num_classes - 1}")
 
 
-def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _numpy_reconstruct():
+    try:  # numpy >= 2 (pickles name numpy._core; those of numpy 1 and of the real files numpy.core)
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+# The only globals a CIFAR-10 python batch refers to: its numpy array is pickled as
+# _reconstruct(ndarray, shape, dtype) and a state holding a dtype (numpy 1 and the files as
+# distributed name the module numpy.core.multiarray, numpy 2 numpy._core.multiarray). Everything
+# else in a batch (dict, list, bytes, str, int) needs no global at all.
+_CIFAR_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
+                  ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,
+                  ("numpy", "ndarray"): lambda: np.ndarray,
+                  ("numpy", "dtype"): lambda: np.dtype}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, bytes, str, numbers and numpy arrays, nothing else: any other global
+    (os.system, builtins.eval, a class whose __reduce__ runs code) is refused before it is called."""
+
+    def find_class(self, module: str, name: str):
+        found = _CIFAR_GLOBALS.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which a CIFAR-10 batch never holds")
+        return found()
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("it refers to a persistent object, which a CIFAR-10 batch never holds")
+
+
+def read_cifar_batch(path: str | os.PathLike) -> dict:
+    """The dict of one CIFAR-10 python batch file, unpickled with only the globals the real files
+    use (`_CIFAR_GLOBALS`): a file that needs any other is refused without running anything.
+    ValueError (one line, naming the file) for anything that is not such a batch."""
+    path = Path(path)
     try:
         with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"], dtype=np.int64)
+            batch = _CifarUnpickler(f, encoding="bytes").load()
+    except OSError:
+        raise
     except Exception as err:  # unpickling garbage can raise nearly anything
-        raise ValueError(f"{path}: not a CIFAR-10 python batch ({err!r})") from err
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"{path}: not a CIFAR-10 python batch ({reason})") from None
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        kind = f"a dict with keys {sorted(map(repr, batch))[:4]}" if isinstance(batch, dict) else type(batch).__name__
+        raise ValueError(f"{path}: not a CIFAR-10 python batch (it holds {kind}, not data and labels)")
+    return batch
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    batch = read_cifar_batch(path)
+    try:
+        data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"], dtype=np.int64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: not a CIFAR-10 python batch (its data or labels are not arrays: {err})") from None
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         raise ValueError(f"{path}: data {data.dtype} {data.shape}, expected uint8 (n, 3072)")
     images = data.reshape(-1, 3, 32, 32)
