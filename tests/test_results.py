@@ -82,3 +82,76 @@ def test_a_collapsed_run_in_the_old_summary_format_is_recomputed(tmp_path):
                                                                        "accuracy_before_collapse": 0.57}, extras={}),
              config, tmp_path)
     assert has_run(config, tmp_path)
+
+
+# --- an unknown code version is said; a result that cannot be saved is one line (issue 58) -------------
+def test_an_unknown_code_version_says_why(tmp_path, monkeypatch):
+    import os
+    import shutil
+    import subprocess
+
+    from fedsteer_lib.experiments import results
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
+    assert results._describe_code(tmp_path) == ("unknown", None, "git is not installed (not on PATH)")
+    monkeypatch.undo()
+    version, _, why = results._describe_code(tmp_path)  # not a repository
+    assert version == "unknown" and why.startswith(f"git describe in {tmp_path}: not a git repository"), why
+    if os.geteuid() == 0:  # a checkout owned by another user: git's "dubious ownership" (only root can make one)
+        repo = tmp_path / "theirs"
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        for path in (repo, *repo.rglob("*")):
+            os.lchown(path, 65534, 65534)
+        version, _, why = results._describe_code(repo)
+        assert version == "unknown" and "detected dubious ownership" in why, why
+        shutil.rmtree(repo)
+
+
+def test_saving_a_result_of_unknown_code_warns_once_in_one_line(tmp_path, monkeypatch, capsys):
+    from fedsteer_lib.experiments import results
+
+    why = "git describe in /x: detected dubious ownership in repository at '/x'"
+    monkeypatch.setattr(results, "_PROCESS_CODE", ("unknown", None, why))
+    monkeypatch.setattr(results, "_WARNED_UNKNOWN_CODE", False)
+    config = _save(tmp_path, method("fedavg"))
+    err = capsys.readouterr().err
+    assert err == f"warning: results saved by this process record code_version 'unknown': {why}\n"
+    assert results.load_run(config, tmp_path)["provenance"]["code_version"] == "unknown"
+    _save(tmp_path, method("fedvarp"))
+    assert capsys.readouterr().err == ""  # once per process
+
+
+def test_a_full_disk_at_save_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    from fedsteer_lib.experiments import results
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results.os, "fsync", full)
+    with pytest.raises(results.ResultNotSavedError) as info:
+        _save(tmp_path, method("fedavg"))
+    message = str(info.value)
+    assert "\n" not in message and message.endswith(".json: No space left on device")
+    assert message.startswith("the result of run ") and " could not be saved to " in message
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == []
+
+
+def test_a_disk_without_room_is_a_layout_problem_before_any_compute(tmp_path, monkeypatch):
+    import os
+
+    from fedsteer_lib.experiments import results
+
+    real = os.statvfs
+
+    class Full:
+        def __init__(self, st):
+            self.f_frsize, self.f_bavail = st.f_frsize, 10
+
+    monkeypatch.setattr(results.os, "statvfs", lambda path: Full(real(path)))
+    config = RunConfig(method=method("fedavg"), system=FLSystem(gamma=0.9), training=Training(rounds=2))
+    problems = results.layout_problems([config], tmp_path)
+    assert list(problems) == [None] and "its disk is full" in problems[None] and str(tmp_path) in problems[None]

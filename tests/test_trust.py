@@ -72,11 +72,11 @@ def test_a_payload_whose_key_field_lies_is_not_counted(tmp_path):
 
 
 def test_every_committed_result_is_its_own_run():
-    from fedsteer_lib.experiments.results import _parse
+    from fedsteer_lib.experiments.results import parse_result
 
     files = sorted((REPO / "data" / "results" / "runs").glob("*.json"))
     assert len(files) >= 978
-    problems = {f.name: _parse(f)[1] for f in files}
+    problems = {f.name: parse_result(f)[1] for f in files}
     assert not {k: v for k, v in problems.items() if v}
 
 

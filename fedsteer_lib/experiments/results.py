@@ -11,8 +11,14 @@ summary format (a collapsed run without `accuracy_before_collapse`) is named in 
 counted, and recomputed by the next sweep, which replaces it.
 
 What cannot be fixed by recomputing (a directory where a result file should be, `runs` not a
-directory, a `runs/` this process cannot write into) is a layout problem: `layout_problems`
-names each in one line, and `status` and `sweep` print them before any compute.
+directory, a `runs/` this process cannot write into or whose disk is full) is a layout problem:
+`layout_problems` names each in one line, and `status` and `sweep` print them before any compute.
+A result that cannot be written after all (the disk filled up while the run computed) is
+`ResultNotSavedError`, one line naming the file and the reason.
+
+Every result records the code that computed it (`git describe`); where git cannot say (git
+missing, a checkout owned by another user: "dubious ownership"), the result says "unknown" and
+the first save of the process warns why, in one line on stderr.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import platform
 import secrets
 import stat
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,7 +44,7 @@ from ..simulator.engine import RunResult
 from .config import METHOD_DEFAULTS, MethodSpec, Profile, RunConfig, get_profile
 
 __all__ = ["RESULTS_DIR", "results_root", "run_path", "has_run", "result_problem", "layout_problems", "CacheLayoutError",
-           "save_run", "load_run", "provenance", "runs_table", "history_table", "load_runs", "METHOD_PARAMETERS",
+           "ResultNotSavedError", "MIN_FREE_BYTES", "save_run", "load_run", "parse_result", "json_safe", "provenance", "runs_table", "history_table", "load_runs", "METHOD_PARAMETERS",
            "method_columns"]
 
 RESULTS_DIR = Path(os.environ.get("FEDSTEER_RESULTS", Path(__file__).resolve().parents[2] / "data" / "results"))
@@ -84,7 +91,7 @@ def _problem_of(payload: Any, expected_key: str | None = None) -> str | None:
     return None
 
 
-def _parse(path: str | Path) -> tuple[dict | None, str | None]:
+def parse_result(path: str | Path) -> tuple[dict | None, str | None]:
     """(payload, None) for a usable result file, (None, why) otherwise. The run a file must
     hold is the one its name says: `<key>.json`."""
     path = Path(path)
@@ -105,7 +112,7 @@ def _parse(path: str | Path) -> tuple[dict | None, str | None]:
 
 @functools.lru_cache(maxsize=None)
 def _problem_of_file(path: str, mtime_ns: int, size: int) -> str | None:
-    return _parse(path)[1]  # cached per version of the file: `status` and the sweep ask often
+    return parse_result(path)[1]  # cached per version of the file: `status` and the sweep ask often
 
 
 def _warn(path: Path, problem: str) -> None:
@@ -147,9 +154,20 @@ class CacheLayoutError(OSError):
     """The results cache cannot take the runs asked of it; the message names each problem."""
 
 
+class ResultNotSavedError(OSError):
+    """A computed run's result could not be written (a full disk, a file system gone read-only);
+    the message, one line, names the file and the reason."""
+
+
+# A run's result file takes up to about 0.4 MB (the paper profile's probe runs); a cache on a file
+# system with less free space than this is refused before anything is computed.
+MIN_FREE_BYTES = 4 * 2**20
+
+
 def _writable_dir_problem(directory: Path) -> str | None:
-    """Why this process cannot create files in `directory` (None when it can), tried for real:
-    permission bits say nothing for root, a read-only mount or a full disk."""
+    """Why this process cannot create files in `directory` (None when it can), tried for real
+    (permission bits say nothing for root or a read-only mount), and whether its file system has
+    `MIN_FREE_BYTES` free (creating an empty file succeeds on a full disk)."""
     probe = directory / f".tmp-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -157,6 +175,14 @@ def _writable_dir_problem(directory: Path) -> str | None:
         probe.unlink()
     except OSError as err:
         return f"{directory}: cannot write results into it ({err.strerror or err})"
+    try:
+        fs = os.statvfs(directory)
+    except (OSError, AttributeError):  # no statvfs (not POSIX): the save itself says so
+        return None
+    free = fs.f_bavail * fs.f_frsize
+    if free < MIN_FREE_BYTES:
+        return (f"{directory}: its disk is full ({free / 2**20:.1f} MiB free, a result needs up to "
+                f"{MIN_FREE_BYTES // 2**20} MiB): free some space first")
     return None
 
 
@@ -197,24 +223,43 @@ def has_run(config: RunConfig, root: str | os.PathLike | None = None) -> bool:
     return result_problem(config, root) is None
 
 
-def _describe_code() -> tuple[str, str | None]:
-    """(`git describe --always --dirty`, the hash of the diff of a dirty tree) of the repository."""
-    repo = Path(__file__).resolve().parents[2]
+UNKNOWN_CODE = "unknown"
+
+
+def _describe_code(repo: Path | None = None) -> tuple[str, str | None, str | None]:
+    """(`git describe --always --dirty`, the hash of the diff of a dirty tree, why the version is
+    unknown) of the repository; the version is UNKNOWN_CODE, with the reason, where git cannot
+    say (not installed, not a repository, a checkout owned by another user)."""
+    repo = repo or Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5)
-        version = out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", None
-    return version, numerics.tree_diff_hash(repo) if version.endswith("-dirty") else None
+        out = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=5)
+    except FileNotFoundError:
+        return UNKNOWN_CODE, None, "git is not installed (not on PATH)"
+    except (OSError, subprocess.SubprocessError) as err:
+        return UNKNOWN_CODE, None, f"git describe failed: {err}"
+    version = out.stdout.strip()
+    if out.returncode != 0 or not version:
+        said = next((line.strip() for line in out.stderr.splitlines() if line.strip()), f"exit status {out.returncode}")
+        return UNKNOWN_CODE, None, f"git describe in {repo}: {said.removeprefix('fatal: ')}"
+    return version, numerics.tree_diff_hash(repo) if version.endswith("-dirty") else None, None
 
 
 # The code this process runs: read when the process imports it, not when it saves a result (a long
 # sweep must not record the version of a tree that was edited after it started).
 _PROCESS_CODE = _describe_code()
+_WARNED_UNKNOWN_CODE = False
 
 
-def _code_version() -> str:
-    return _PROCESS_CODE[0]
+def _warn_unknown_code() -> None:
+    """One line on stderr, once per process, when the results it saves cannot name their code."""
+    global _WARNED_UNKNOWN_CODE
+    why = _PROCESS_CODE[2]
+    if why is None or _WARNED_UNKNOWN_CODE:
+        return
+    _WARNED_UNKNOWN_CODE = True
+    print(f"warning: results saved by this process record code_version {UNKNOWN_CODE!r}: {why}", file=sys.stderr,
+          flush=True)
 
 
 def provenance(device: str, machine: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -226,7 +271,7 @@ def provenance(device: str, machine: dict[str, Any] | None = None) -> dict[str, 
     dev = device
     if device.startswith("cuda") and torch.cuda.is_available():
         dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    version, diff = _PROCESS_CODE
+    version, diff, _ = _PROCESS_CODE
     out = {"code_version": version, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "python": platform.python_version(), "device": dev}
     if diff:
@@ -234,42 +279,53 @@ def provenance(device: str, machine: dict[str, Any] | None = None) -> dict[str, 
     return {**out, **(machine or numerics.machine(device))}
 
 
-def _clean(obj: Any) -> Any:
-    """JSON-safe: NaN/inf become None."""
+def json_safe(obj: Any) -> Any:
+    """JSON-safe: NaN/inf become None (how every result is stored)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
 def save_run(result: RunResult, config: RunConfig, root: str | os.PathLike | None = None) -> Path:
-    """Write one run atomically (readable as the umask allows, 0644 by default); returns its path."""
+    """Write one run atomically (readable as the umask allows, 0644 by default); returns its path.
+    ResultNotSavedError (one line: the file and the reason) when it cannot be written; no
+    temporary file is left behind."""
     path = run_path(config, root)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"key": config.key(), "config": config.to_dict(with_device=False),
                "provenance": {**provenance(config.device, result.machine), "client_batch": config.client_batch},
                "summary": result.summary, "history": result.history, "extras": result.extras}
     tmp = path.parent / f".tmp-{os.getpid()}-{secrets.token_hex(6)}.json"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask applies, as for any file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask applies, as for any file
+    except OSError as err:
+        raise ResultNotSavedError(f"the result of run {config.key()} could not be saved to {path}: "
+                                  f"{err.strerror or err}") from None
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_clean(payload), f, separators=(",", ":"))
+            json.dump(json_safe(payload), f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ResultNotSavedError(f"the result of run {config.key()} could not be saved to {path}: "
+                                  f"{err.strerror or err}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _warn_unknown_code()
     return path
 
 
 def load_run(config: RunConfig, root: str | os.PathLike | None = None) -> dict[str, Any]:
     """The stored payload of a finished run (raises FileNotFoundError if it was never run)."""
     path = run_path(config, root)
-    payload, problem = _parse(path)
+    payload, problem = parse_result(path)
     if problem == "missing":
         raise FileNotFoundError(f"no result for run {config.key()} ({config.method.label}, seed {config.seed}) at {path}")
     if payload is None:

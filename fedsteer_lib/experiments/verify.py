@@ -1,10 +1,20 @@
 """Recompute stored runs from their configs and say what a rerun changes (`python -m fedsteer_lib verify`).
 
 A stored run is recomputed in this process's kernel mode (`numerics`) and compared with what is
-stored: "identical" when every recorded round (accuracy, loss, training loss, update norm) is
-the same to the bit, else the change of the final accuracy and whether the collapse flipped,
-with both runs' machines. A run stored with pinned kernels must come back identical when
-recomputed with pinned kernels: that is the check whose failure makes the command fail.
+stored: "bit-identical" when everything the run computes comes back to the bit (`deterministic`:
+its whole history, its extras such as the probes, participation and core set, and its summary
+but for the wall times), else the change of the final accuracy, whether the collapse flipped
+and which fields differ, with both runs' machines.
+
+Whatever kernels a stored file claims, a run that does not come back bit for bit is reported as
+differing and the command's exit status is not 0:
+
+- 1, "NOT REPRODUCED": a run stored with pinned kernels, recomputed with pinned kernels;
+- 2, "DIFFERS (...)": only runs whose stored provenance says their bits depend on the CPU that
+  computed them (native kernels, bf16, a GPU, the early pins `FIRST_PIN` and `VECTOR_SQRT_PIN`),
+  or runs recomputed here with native kernels. Such a difference is expected on another CPU, so
+  it is not called a failure, but editing a file's `provenance.kernels` cannot turn a run that
+  does not come back into a pass.
 
 `replace_unpinned` also writes the recomputed result in place of a stored run that was not
 computed with pinned kernels (how Table 1 was brought into the pinned mode); every comparison
@@ -16,19 +26,23 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .. import numerics
 from .config import RunConfig
-from .results import _clean, load_run, run_path, save_run
+from .results import json_safe, load_run, parse_result, save_run
 from .sweep import run_lock
 
-__all__ = ["Comparison", "Progress", "compare", "select", "verify_runs", "stored_kernels", "machine_words"]
+__all__ = ["Comparison", "Progress", "compare", "select", "verify_runs", "stored_kernels", "machine_words",
+           "deterministic", "differences", "read_log", "KEY_PATTERN"]
 
-# What a run records per round that any change of the arithmetic shows in.
-ROUND_FIELDS = ("round", "num_active", "accuracy", "loss", "train_loss", "update_norm", "collapsed")
+# The summary's fields that measure time or how the run was computed, not what it computed: left
+# out of the comparison (the warm-up's reuse depends on the run before it in the same process).
+UNCOMPARED_SUMMARY = ("wall_time", "timing", "warmup_reused")
+KEY_PATTERN = re.compile(r"[0-9a-f]{16}")  # a run's key (`RunConfig.key`)
 
 
 FIRST_PIN = "pinned to MKL's AVX2 branch"  # Intel-only bits: see numerics' module docstring
@@ -66,8 +80,31 @@ def machine_words(prov: dict[str, Any]) -> str:
     return f"{cpu}, {kernels} kernels, code {prov.get('code_version', '?')}"
 
 
-def _rounds(history: list[dict[str, Any]]) -> list[tuple]:
-    return [tuple(row.get(k) for k in ROUND_FIELDS) for row in _clean(history)]
+def deterministic(history: list, summary: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
+    """Everything a run computes that must come back bit for bit, as stored (JSON, NaN as None):
+    the history, the extras and the summary without `UNCOMPARED_SUMMARY`."""
+    kept = {k: v for k, v in summary.items() if k not in UNCOMPARED_SUMMARY}
+    return json.loads(json.dumps(json_safe({"history": history, "summary": kept, "extras": extras})))
+
+
+def differences(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The fields in which two `deterministic` records differ: "history round R: FIELD" (the
+    first differing round), "summary.FIELD" and "extras.FIELD" for each such field."""
+    out = []
+    old_rows, new_rows = stored.get("history") or [], new.get("history") or []
+    for i in range(max(len(old_rows), len(new_rows))):
+        a = old_rows[i] if i < len(old_rows) else {}
+        b = new_rows[i] if i < len(new_rows) else {}
+        if a != b:
+            fields = sorted(k for k in {**a, **b} if a.get(k, "absent") != b.get(k, "absent"))
+            out.append(f"history round {(a or b).get('round', i)}: {', '.join(fields)}")
+            break
+    if len(old_rows) != len(new_rows):
+        out.append(f"history length {len(old_rows)} -> {len(new_rows)} rows")
+    for part in ("summary", "extras"):
+        a, b = stored.get(part) or {}, new.get(part) or {}
+        out += [f"{part}.{k}" for k in sorted({**a, **b}) if a.get(k) != b.get(k)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -84,6 +121,7 @@ class Comparison:
     new_collapsed: bool
     stored_machine: str
     new_machine: str
+    differs_in: tuple[str, ...] = ()  # `differences` (empty when identical)
 
     @property
     def collapse_flipped(self) -> bool:
@@ -96,7 +134,19 @@ class Comparison:
 
     @property
     def failed(self) -> bool:
+        """A run whose bits are demanded (`must_match`) did not come back: exit status 1."""
         return self.must_match and not self.identical
+
+    @property
+    def why_not_demanded(self) -> str:
+        """Why a difference of this run is expected on another CPU (for a run that `must_match`, "")."""
+        if self.must_match:
+            return ""
+        if self.stored_kernels in (FIRST_PIN, VECTOR_SQRT_PIN):
+            return f"its bits are not demanded: {self.stored_kernels}"
+        if self.stored_kernels != "pinned":
+            return f"stored with {self.stored_kernels} kernels: its bits depend on the CPU that computed it"
+        return "recomputed here with native kernels: their bits depend on this CPU"
 
     def line(self) -> str:
         head = f"{self.key}  {self.label:28s} gamma {self.gamma} seed {self.seed}: "
@@ -107,24 +157,26 @@ class Comparison:
             flip = (f"; collapse flipped ({'collapsed' if self.stored_collapsed else 'ran'} -> "
                     f"{'collapsed' if self.new_collapsed else 'ran'})") if self.collapse_flipped else "; collapse unchanged"
             body = f"final accuracy {self.stored_accuracy:.4f} -> {self.new_accuracy:.4f} ({change:+.4f}){flip}"
-            if self.failed:
-                body = "NOT REPRODUCED (a pinned run must come back bit for bit): " + body
-            elif self.stored_kernels in (FIRST_PIN, VECTOR_SQRT_PIN):
-                body += f" (its bits are not demanded: {self.stored_kernels})"
+            verdict = ("NOT REPRODUCED (a pinned run must come back bit for bit)" if self.failed
+                       else f"DIFFERS ({self.why_not_demanded})")
+            shown = list(self.differs_in[:4]) + ([f"{len(self.differs_in) - 4} more"] if len(self.differs_in) > 4 else [])
+            body = f"{verdict}: {body}" + (f"; differs in {'; '.join(shown)}" if shown else "")
         return f"{head}{body}\n    stored on {self.stored_machine}\n    now on    {self.new_machine}"
 
     def record(self) -> dict[str, Any]:
-        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "collapse_flipped": self.collapse_flipped,
-                "now_kernels": numerics.kernels()}
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "differs_in": list(self.differs_in),
+                "collapse_flipped": self.collapse_flipped, "now_kernels": numerics.kernels()}
 
 
 def compare(payload: dict[str, Any], result, new_provenance: dict[str, Any]) -> Comparison:
-    """The comparison of a stored payload with a recomputed `RunResult`."""
+    """The comparison of a stored payload with a recomputed `RunResult`: identical when every
+    field of `deterministic` is the same to the bit (whatever the payload's provenance says)."""
     config = RunConfig.from_dict(payload["config"])
     s, n = payload["summary"], result.summary
+    differ = differences(deterministic(payload["history"], s, payload.get("extras") or {}),
+                         deterministic(result.history, n, result.extras))
     return Comparison(key=payload["key"], label=config.method.label, gamma=config.system.gamma, seed=config.seed,
-                      stored_kernels=stored_kernels(payload),
-                      identical=_rounds(payload["history"]) == _rounds(result.history),
+                      stored_kernels=stored_kernels(payload), identical=not differ, differs_in=tuple(differ),
                       stored_accuracy=float(s["final_accuracy"]), new_accuracy=float(n["final_accuracy"]),
                       stored_collapsed=bool(s["collapsed"]), new_collapsed=bool(n["collapsed"]),
                       stored_machine=machine_words(payload.get("provenance", {})),
@@ -135,16 +187,23 @@ def select(configs_by_group: dict[str, list[RunConfig]], root, *, sample: int | 
            keys: Sequence[str] = (), stratify: bool = False) -> list[RunConfig]:
     """The stored runs to recompute: those of `keys`, else of the groups (all of them, or a
     random `sample` of N drawn with `seed`; with `stratify`, N per (group, method, gamma), every
-    stratum's first draw first)."""
+    stratum's first draw first). ValueError, one line naming the file, for a key that is not a
+    run key (16 hex digits: nothing outside `root`/runs is ever read) or whose file is missing or
+    is not that run's usable result."""
     from .results import has_run
 
     if keys:
         out = []
         for k in keys:
+            if not KEY_PATTERN.fullmatch(k):
+                raise ValueError(f"--key {k!r}: not a run key (16 hex digits, the name of a file in {Path(root) / 'runs'})")
             path = Path(root) / "runs" / f"{k}.json"
-            if not path.is_file():
-                raise ValueError(f"no stored run with key {k} in {root}")
-            out.append(RunConfig.from_dict(json.loads(path.read_text())["config"]))
+            payload, problem = parse_result(path)
+            if problem == "missing":
+                raise ValueError(f"--key {k}: no stored run with that key ({path} does not exist)")
+            if payload is None:
+                raise ValueError(f"--key {k}: {path}: {problem}")
+            out.append(RunConfig.from_dict(payload["config"]))
         return out
     seen: dict[str, tuple[str, RunConfig]] = {}
     for group, configs in configs_by_group.items():
@@ -270,12 +329,24 @@ def verify_runs(runs: Sequence[tuple[RunConfig, dict[str, Any]]], root, *, worke
 
 
 def read_log(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
-    """Every record of the given JSON-lines logs (the last record of a key wins)."""
+    """Every record of the given JSON-lines logs (the last record of a key wins). ValueError, one
+    line naming the file and the line, for a file that is not such a log (unreadable, a line that
+    is not a JSON object with a "key")."""
     records: dict[str, dict[str, Any]] = {}
     for path in paths:
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    rec = json.loads(line)
-                    records[rec["key"]] = rec
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: cannot be read as a verify log ({getattr(err, 'strerror', None) or err})") from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{path}: line {number} is not a verify record (not JSON: {err})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
+                raise ValueError(f"{path}: line {number} is not a verify record (no \"key\")")
+            records[rec["key"]] = rec
     return list(records.values())
