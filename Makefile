@@ -81,10 +81,10 @@ $(PROFILE_STAMP):
 	$(if $(SEEDS),$(PYTHON) -m fedsteer_lib check-seeds "$(SEEDS)")
 	rm -rf book/chapters && mkdir -p book/chapters && touch $@
 
-book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) $(PROFILE_STAMP) | setup
+book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) tools/executed_notebooks.py $(PROFILE_STAMP) | setup
 	@mkdir -p book/chapters
 	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $(SEEDS_ARG) $*.ipynb ../book/chapters/.$*.ipynb
-	$(PY) -m fedsteer_lib.book.executed_notebooks book/chapters/.$*.ipynb
+	$(PY) -m tools.executed_notebooks book/chapters/.$*.ipynb
 	mv book/chapters/.$*.ipynb $@
 
 # Generated pages of the book (not committed): the runtime and environment table of the rerun
@@ -92,7 +92,7 @@ book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) $(PROFILE_STAMP) | setup
 # seconds; a file whose content is unchanged keeps its date).
 GENERATED_DIR := book/_generated
 generated: | $(STAMP)
-	$(PY) -m fedsteer_lib.book.provenance $(GENERATED_DIR)
+	$(PY) -m tools.generated $(GENERATED_DIR)
 
 book-html: generated | setup
 	$(VENV)/bin/jupyter-book build . --toc book/_toc.yml --config _config.yml -W -n --quiet
@@ -112,14 +112,14 @@ test: setup system-packages
 		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 
 # JupyterLab on notebooks/ (the chapters to edit and rerun), opened on reading copies of the
-# book's executed chapters in notebooks/as-in-the-book/ (fedsteer_lib/book/lab.py): there the
+# book's executed chapters in notebooks/as-in-the-book/ (tools/lab.py): there the
 # glued numbers, citations and cross-references read as in the book. JupyterLab refuses to run as
 # root unless told, so --allow-root is passed then (and only then). tests/test_lab.py runs this line.
 LAB_COPIES := notebooks/as-in-the-book
 LAB_ARGS   := $(if $(filter 0,$(shell id -u)),--allow-root) --ServerApp.root_dir=notebooks \
 	--LabApp.default_url=/lab/tree/as-in-the-book
 lab: setup $(CHAPTERS)
-	$(PY) -m fedsteer_lib.book.lab $(LAB_COPIES) $(CHAPTERS)
+	$(PY) -m tools.lab $(LAB_COPIES) $(CHAPTERS)
 	$(VENV)/bin/jupyter lab $(LAB_ARGS)
 
 reproduce: setup

@@ -20,7 +20,7 @@ times each (medians are reported):
   to `--rounds` rounds, with its phases (`--run-repeats` times each, 0 to skip).
 
 The machine's load average is recorded before and after each part. The rerun page's "Running
-faster" section is generated from the JSON (`fedsteer_lib.book.provenance`). With `--device cuda`
+faster" section is generated from the JSON (`tools/precision_report.py`). With `--device cuda`
 (a GPU session, `bench/gpu_session.sh`) the same measurements run on the GPU, timed in wall time
 with the GPU synchronised, the peaks over larger matrices.
 """

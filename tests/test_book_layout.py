@@ -54,7 +54,7 @@ def test_modules_are_small_and_public_names_unique():
 def test_papermills_injected_parameters_are_removed_from_the_page(tmp_path):
     import json
 
-    from fedsteer_lib.book.executed_notebooks import hide_injected_parameters
+    from tools.executed_notebooks import hide_injected_parameters
 
     cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "profile = 'quick'"},
              {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]}, "source": "profile = 'paper'"},
@@ -65,4 +65,4 @@ def test_papermills_injected_parameters_are_removed_from_the_page(tmp_path):
     tags = [c["metadata"].get("tags") for c in json.loads(path.read_text())["cells"]]
     assert tags == [["parameters"], ["injected-parameters", "remove-cell"], []]
     assert hide_injected_parameters(path) == 0  # idempotent
-    assert "fedsteer_lib.book.executed_notebooks" in (LIB.parent / "Makefile").read_text()
+    assert "-m tools.executed_notebooks" in (LIB.parent / "Makefile").read_text()

@@ -1,6 +1,6 @@
-"""fedsteer_lib.book.provenance: the runtime and environment table of the rerun page and the CSV
-of every run's summary, checked by hand on a tiny fake results folder, then on the committed
-results as `make book` writes them into book/_generated/."""
+"""tools/provenance.py and tools/generated.py: the runtime and environment table of the rerun
+page and the CSV of every run's summary, checked by hand on a tiny fake results folder, then on
+the committed results as `make book` writes them into book/_generated/."""
 from __future__ import annotations
 
 import json
@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedsteer_lib.book import provenance
 from fedsteer_lib.experiments.config import RunConfig, method
 from fedsteer_lib.experiments.groups import run_groups
 from fedsteer_lib.experiments.registry import METHODS
 from fedsteer_lib.experiments.results import has_run, results_root, run_path
+from tools import generated, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,40 +98,40 @@ def test_all_runs_table_by_hand(fake):
 
 def test_write_generated(fake, tmp_path, monkeypatch):
     root, groups = fake
-    monkeypatch.setattr(provenance, "run_groups", lambda dataset, profile, root: groups)
+    monkeypatch.setattr(generated, "run_groups", lambda dataset, profile, root: groups)
     out = tmp_path / "generated"
     with pytest.warns(UserWarning):
-        paths = provenance.write_generated(out, root=root)
+        paths = generated.write_generated(out, root=root)
         expected = provenance.runtime_markdown(provenance.runtime_table(groups, root))
     assert paths["runtime"].read_text(encoding="utf8") == expected
     csv = pd.read_csv(paths["runs"])
     assert len(csv) == 3 and set(csv["key"]) == {A.key(), B.key(), C.key()}
     before = {k: p.stat().st_mtime_ns for k, p in paths.items()}
     with pytest.warns(UserWarning):
-        provenance.write_generated(out, root=root)  # same content: the files are left alone
+        generated.write_generated(out, root=root)  # same content: the files are left alone
     assert {k: p.stat().st_mtime_ns for k, p in paths.items()} == before
 
 
 # ----------------------------------------------------------------------------- the generated files
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory) -> dict[str, Path]:
+def generated_files(tmp_path_factory) -> dict[str, Path]:
     """The files `make book` writes into book/_generated/, written from the committed results."""
     out = tmp_path_factory.mktemp("generated")
-    subprocess.run([sys.executable, "-m", "fedsteer_lib.book.provenance", str(out)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "tools.generated", str(out)], check=True, cwd=ROOT,
                    capture_output=True)
     return {"runtime": out / "runtime.md", "runs": out / "runs.csv"}
 
 
-def test_generated_files_from_the_committed_results(generated):
+def test_generated_files_from_the_committed_results(generated_files):
     root = results_root("paper")
     groups = {name: configs for name, configs in run_groups("fmnist", "paper", root=root).items() if configs}
     with warnings.catch_warnings():  # results stored in an outdated form: not counted, said elsewhere
         warnings.simplefilter("ignore")
         cached = {c.key() for configs in groups.values() for c in configs if has_run(c, root)}
-    runs = pd.read_csv(generated["runs"])
+    runs = pd.read_csv(generated_files["runs"])
     assert set(runs["key"]) == cached and runs["key"].is_unique
     assert (runs["wall_time"] > 0).all() and runs["final_accuracy"].between(0, 1).all()
-    rows = generated["runtime"].read_text(encoding="utf8").split("\n\n")[0].splitlines()[2:]
+    rows = generated_files["runtime"].read_text(encoding="utf8").split("\n\n")[0].splitlines()[2:]
     assert [r.split(" | ")[0].lstrip("| ") for r in rows] == [*groups, "all groups (each run once)"]
     total = re.match(r"\| all groups \(each run once\) \| (\d+) of (\d+) \| ([\d.]+) \|", rows[-1])
     assert total and int(total.group(1)) == len(cached)
@@ -143,7 +143,7 @@ def test_generated_files_are_built_not_committed():
     the rerun page includes and links exactly these two files."""
     makefile = (ROOT / "Makefile").read_text(encoding="utf8")
     assert re.search(r"^book-html: generated\b", makefile, flags=re.M)
-    assert re.search(r"^generated:.*\n\t\$\(PY\) -m fedsteer_lib\.book\.provenance \$\(GENERATED_DIR\)", makefile, flags=re.M)
+    assert re.search(r"^generated:.*\n\t\$\(PY\) -m tools\.generated \$\(GENERATED_DIR\)", makefile, flags=re.M)
     assert "GENERATED_DIR := book/_generated" in makefile
     ignored = subprocess.run(["git", "check-ignore", "-q", "book/_generated/runtime.md"], cwd=ROOT)
     assert ignored.returncode == 0, "book/_generated/ is not ignored by git"

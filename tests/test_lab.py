@@ -1,6 +1,6 @@
 """The reader in JupyterLab (`make lab`): a chapter reads there as it does in the book.
 
-`make lab` writes reading copies of the executed chapters (fedsteer_lib/book/lab.py) and starts
+`make lab` writes reading copies of the executed chapters (tools/lab.py) and starts
 JupyterLab on them. Here the copies are made from the committed notebooks (their outputs hold the
 glued values) and
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import websocket  # websocket-client, a dependency of jupyter_server
 
-from fedsteer_lib.book import lab
 from fedsteer_lib.experiments.doctor import chromium_path, chromium_problem
+from tools import lab
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -237,7 +237,7 @@ def test_the_parity_group_is_table_1s_setting_in_bf16():
 
 
 def test_parity_pairs_by_seed_and_uses_complete_seeds_only():
-    from fedsteer_lib.book.precision_report import parity_table
+    from tools.precision_report import parity_table
 
     rows = []
     for seed in range(4):

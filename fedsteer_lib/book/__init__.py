@@ -10,14 +10,12 @@ simulator, split by what it does. Nothing outside this package imports it.
 | `tables` | Table 1 (mean, interval, n per cell) and its reading, gains |
 | `ledger`, `mechanism_claims` | the claims ledger: every claim the book tests, one row each, one Holm family |
 | `table_display`, `notebook_glue` | tables for reading (no index, no NaN/True, three decimals); myst-nb's `glue` without its import cost |
-| `executed_notebooks` | papermill's injected parameters cell removed from the page (Makefile) |
-| `provenance`, `precision_report` | where the committed results come from (runtime, kernels, verify, cost); bf16 against fp32 |
 | `snapshots` | what chapters 1-3 share: client groups, snapshots of real updates, their exact span coordinates, a rule's moments over participation draws |
 | `server_memory`, `coordinates` | what the ledger and chapters 4 and 8 share: server state bytes, coordinate histories |
-| `lab` | the chapters as JupyterLab reads them (`make lab`) |
 | `figures` | what several chapters draw: Table 1's bars and Fig. 5 (`accuracy`), the book's colours and sizes (`style`) |
 
-A computation only one chapter shows lives in that chapter's notebook.
+A computation only one chapter shows lives in that chapter's notebook. The build and rerun
+tooling (`make book`'s generated tables, `make lab`'s reading copies) lives in `tools/`.
 
 `from fedsteer_lib.book import setup, results_root` is what every notebook starts with; the figures
 are `from fedsteer_lib.book import figures` (`figures.accuracy`, `figures.style`).

@@ -11,7 +11,7 @@ as the code it includes, figures numbered as in the book, and the cells the book
 (hide-input, remove-cell, ...) collapsed. Rerunning a copy does not rewrite its text; the
 chapters to edit and rerun stay in notebooks/.
 
-    python -m fedsteer_lib.book.lab OUT_DIR CHAPTER.ipynb ...
+    python -m tools.lab OUT_DIR CHAPTER.ipynb ...
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 BOOK = REPO_ROOT / "book"
 TOC = BOOK / "_toc.yml"
 BIB = BOOK / "references.bib"

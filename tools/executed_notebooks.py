@@ -3,7 +3,7 @@ was given into an extra "injected-parameters" cell under the notebook's own para
 the page would show the parameters twice. That cell is tagged `remove-cell` (Jupyter Book leaves
 it out; the notebook file keeps it, so the executed copy still says how it was run).
 
-    python -m fedsteer_lib.book.executed_notebooks CHAPTER.ipynb [...]
+    python -m tools.executed_notebooks CHAPTER.ipynb [...]
 """
 from __future__ import annotations
 

@@ -2,28 +2,33 @@
 (`data/results/bench/precision.json`, written by `bench/precision.py`) and its accuracy parity
 (the `precision_parity` group, paired by seed with its committed fp32 twins). bf16 results are
 never mixed into a float32 table: this report is the one place they are compared.
-`fedsteer_lib.book.provenance.write_generated` writes it to `book/_generated/precision.md`."""
+`tools/generated.py` writes it to `book/_generated/precision.md`."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pandas as pd
 
-from ..experiments.results import has_run, load_run, results_root, runs_table
-from .provenance import PRECISION_FILE, cached_configs, markdown_table
+from fedsteer_lib.book.ledger import MIN_UNITS, at_best_beta, best_baseline, gains_by_seed
+from fedsteer_lib.book.stats import holm, mean_ci, one_sample_t_test, paired_t_test
+from fedsteer_lib.book.table_display import fmt_p
+from fedsteer_lib.experiments.config import DATASET_DEFAULTS
+from fedsteer_lib.experiments.groups import PARITY_ROLES, paper_grid, precision_parity_grid
+from fedsteer_lib.experiments.registry import display_name, role_of
+from fedsteer_lib.experiments.results import has_run, load_run, results_root, runs_table
+from tools.provenance import REPO_ROOT, cached_configs, markdown_table
 
 __all__ = ["parity_runs", "parity_table", "parity_verdicts", "precision_markdown"]
+
+PRECISION_FILE = REPO_ROOT / "data" / "results" / "bench" / "precision.json"
 
 
 def parity_runs(dataset: str, profile: str, root: str | os.PathLike) -> pd.DataFrame:
     """The cached runs of the `precision_parity` group (bf16) and of their fp32 twins (same
     config, fp32: committed Table 1 and ablation runs), one row each: gamma, role, seed,
     precision, final accuracy, collapsed."""
-    from ..experiments.config import DATASET_DEFAULTS
-    from ..experiments.groups import precision_parity_grid
-    from ..experiments.registry import role_of
-
     dd = {k: v for k, v in DATASET_DEFAULTS[dataset].items() if k in ("core_size", "lam")}
     rows = []
     for c in precision_parity_grid(dataset, profile):
@@ -54,8 +59,6 @@ def parity_table(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
     its 95 % t-interval, the paired t-test's p, that p Holm-adjusted over the table's rows (one
     family: "does bf16 change the accuracy of any of them?") and the collapsed runs of each
     precision. Returns (the table, the complete seeds)."""
-    from .stats import holm, mean_ci, paired_t_test
-
     runs, seeds = _complete(runs)
     rows = []
     for (gamma, role), at in runs.groupby(["gamma", "role"], sort=False):
@@ -77,9 +80,6 @@ def parity_verdicts(runs: pd.DataFrame) -> pd.DataFrame:
     computed once from the fp32 runs and once from the bf16 runs of the same complete seeds, with
     the word each allows (the ledger's rule: a t-test of the per-seed gains against 0, a word
     only from `ledger.MIN_UNITS` seeds on, unadjusted here) and whether the two words agree."""
-    from .ledger import MIN_UNITS, gains_by_seed
-    from .stats import one_sample_t_test
-
     runs, _ = _complete(runs)
     rows = []
     for gamma, at in runs.groupby("gamma", sort=False):
@@ -105,11 +105,6 @@ def parity_verdicts(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _best_table1_baselines(dataset: str, profile: str, root: str | os.PathLike) -> dict[float, str]:
     """The best Table 1 baseline per gamma from the cached fp32 runs (the ledger's rule)."""
-    from ..experiments.config import DATASET_DEFAULTS
-    from ..experiments.groups import paper_grid
-    from ..experiments.registry import role_of
-    from .ledger import at_best_beta, best_baseline
-
     dd = {k: v for k, v in DATASET_DEFAULTS[dataset].items() if k in ("core_size", "lam")}
     configs = cached_configs(paper_grid(dataset, profile), root)
     if not configs:
@@ -123,8 +118,6 @@ def _best_table1_baselines(dataset: str, profile: str, root: str | os.PathLike) 
 
 def _speed_lines(bench: dict) -> list[str]:
     """The benchmark (`bench/precision.py`) as a sentence and a table."""
-    from ..experiments.registry import display_name
-
     load = bench["load"]
     units = ("has bfloat16 units" if bench["bf16_units"] else
              "has no bfloat16 units (no AMX, no AVX512-BF16): torch computes bfloat16 in software there")
@@ -177,13 +170,6 @@ def precision_markdown(dataset: str = "fmnist", profile: str = "paper", root: st
                        bench_path: str | os.PathLike = PRECISION_FILE) -> str:
     """The rerun page's "Running faster": the measured speed of bf16 against fp32 and the
     accuracy parity of the `precision_parity` group, with the number of seeds it rests on."""
-    import json
-
-    from ..experiments.groups import PARITY_ROLES, precision_parity_grid
-    from ..experiments.registry import display_name
-    from .ledger import MIN_UNITS
-    from .table_display import fmt_p
-
     root = results_root(profile) if root is None else Path(root)
     lines = ["**Speed.**", ""]
     if Path(bench_path).is_file():

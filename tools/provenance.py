@@ -2,39 +2,32 @@
 many runs, their wall time, and the CPUs, kernels, devices, threads, library and code versions
 recorded in each run's `provenance`; one tidy CSV of every run's summary; what `verify` found
 when committed runs were recomputed (`data/results/verify/*.jsonl`), per log, run group and
-method; the cost of the pinned kernels (`data/results/bench/numerics_cost.json`); bfloat16 against float32
-(`precision_report`); and the claims ledger. `make book` writes them into
-`book/_generated/` (not committed) with
-
-    python -m fedsteer_lib.book.provenance book/_generated
-
-and `book/rerun.md` includes the tables and links the CSVs.
+method; the cost of the pinned kernels (`data/results/bench/numerics_cost.json`). The rerun
+page includes them; `tools/generated.py` writes them into `book/_generated/`.
 """
 from __future__ import annotations
 
-import argparse
+import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from ..experiments.config import RunConfig
-from ..experiments.groups import run_groups
-from ..experiments.results import has_run, load_run, results_root, runs_table
-from ..experiments.verify import stored_kernels
+from fedsteer_lib.experiments.config import RunConfig
+from fedsteer_lib.experiments.registry import METHODS
+from fedsteer_lib.experiments.results import has_run, load_run, runs_table
+from fedsteer_lib.experiments.verify import read_log, stored_kernels
 
 __all__ = ["cached_configs", "run_provenance", "runtime_table", "runtime_markdown", "all_runs_table",
-           "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "markdown_table",
-           "write_generated"]
+           "verify_table", "verify_breakdown", "verify_markdown", "cost_markdown", "markdown_table"]
 
 RUNTIME_COLUMNS = ("group", "runs", "total wall time (h)", "median wall time (min)", "kernels", "CPU", "device",
                    "threads", "torch", "code versions")
-VERIFY_DIR = Path(__file__).resolve().parents[2] / "data" / "results" / "verify"
-COST_FILE = Path(__file__).resolve().parents[2] / "data" / "results" / "bench" / "numerics_cost.json"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+VERIFY_DIR = REPO_ROOT / "data" / "results" / "verify"
+COST_FILE = REPO_ROOT / "data" / "results" / "bench" / "numerics_cost.json"
 CHANCE_ACCURACY = 0.11  # ten balanced classes: a model that learned nothing scores 0.10
-PRECISION_FILE = Path(__file__).resolve().parents[2] / "data" / "results" / "bench" / "precision.json"
 
 
 def cached_configs(configs: Iterable[RunConfig], root: str | os.PathLike) -> list[RunConfig]:
@@ -161,8 +154,6 @@ def verify_table(log_dir: str | os.PathLike = VERIFY_DIR) -> pd.DataFrame:
     of one group, or Table 1's recompute with pinned kernels): runs recomputed, how many came
     back bit-identical, the median and largest absolute change of the final accuracy, collapses
     that flipped, and the kernels they were stored with and recomputed with."""
-    from ..experiments.verify import read_log
-
     rows = []
     for path in sorted(Path(log_dir).glob("*.jsonl")):
         records = pd.DataFrame(read_log([path]))
@@ -184,9 +175,6 @@ def verify_breakdown(groups: Mapping[str, Sequence[RunConfig]], log_dir: str | o
     collapses (non-finite updates) that flipped, and the runs that ended at chance
     (`CHANCE_ACCURACY`) one time and above it the other. Runs stored with pinned kernels are left
     out: their bits are demanded, not measured. Rows without any recomputed run are left out."""
-    from ..experiments.registry import METHODS
-    from ..experiments.verify import read_log
-
     if by not in ("group", "method"):
         raise ValueError(f"by={by!r}: one of 'group', 'method'")
     records = pd.DataFrame([r for path in sorted(Path(log_dir).glob("*.jsonl")) for r in read_log([path])])
@@ -222,8 +210,6 @@ def verify_markdown(table: pd.DataFrame) -> str:
 
 def cost_markdown(path: str | os.PathLike = COST_FILE) -> str:
     """The measured cost of the pinned kernels (`bench/numerics_cost.py`) as a Markdown table."""
-    import json
-
     if not Path(path).is_file():
         return "The cost of the pinned kernels has not been measured on this machine yet (`bench/numerics_cost.py`).\n"
     data = json.loads(Path(path).read_text())
@@ -238,56 +224,3 @@ def cost_markdown(path: str | os.PathLike = COST_FILE) -> str:
     if {"pinned", "native"} <= set(ratio.index):
         lines += ["", f"Pinned over native, in CPU time: {ratio['pinned'] / ratio['native']:.2f} × on this CPU."]
     return "\n".join(lines) + "\n"
-
-
-def _write_if_changed(path: Path, text: str) -> None:
-    if not path.is_file() or path.read_text(encoding="utf8") != text:
-        path.write_text(text, encoding="utf8")
-
-
-def write_generated(out_dir: str | os.PathLike, dataset: str = "fmnist", profile: str = "paper",
-                    root: str | os.PathLike | None = None, claims: bool | None = None) -> dict[str, Path]:
-    """Write `runtime.md` (`runtime_markdown` of every run group) and `runs.csv`
-    (`all_runs_table`) into `out_dir` from the results under `root` (the profile's cache by
-    default). Files are rewritten only when their content changes. Returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    root_given = root
-    root = results_root(profile) if root is None else Path(root)
-    groups = run_groups(dataset, profile, root=root)
-    paths = {"runtime": out / "runtime.md", "runs": out / "runs.csv", "verify": out / "verify.md",
-             "verify_groups": out / "verify_groups.md", "verify_methods": out / "verify_methods.md",
-             "cost": out / "numerics_cost.md", "precision": out / "precision.md"}
-    _write_if_changed(paths["runtime"], runtime_markdown(runtime_table(groups, root)))
-    _write_if_changed(paths["runs"], all_runs_table(groups, root).to_csv(index=False))
-    _write_if_changed(paths["verify"], verify_markdown(verify_table(Path(root) / "verify")))
-    for by in ("group", "method"):
-        _write_if_changed(paths[f"verify_{by}s"], verify_markdown(verify_breakdown(groups, Path(root) / "verify", by)))
-    _write_if_changed(paths["cost"], cost_markdown(Path(root) / "bench" / "numerics_cost.json"))
-    from .precision_report import precision_markdown
-
-    _write_if_changed(paths["precision"], precision_markdown(dataset, profile, root, Path(root) / "bench" / "precision.json"))
-    if claims if claims is not None else root_given is None:  # the ledger of the profile's own cache
-        from . import ledger
-        from .context import setup
-
-        paths["claims"] = ledger.write(ledger.build(setup(profile, dataset)), out)
-    return paths
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedsteer_lib.book.provenance", description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", help="folder for runtime.md and runs.csv (the Makefile: book/_generated)")
-    parser.add_argument("--dataset", default="fmnist")
-    parser.add_argument("--profile", default="paper")
-    args = parser.parse_args(argv)
-    with warnings.catch_warnings(record=True) as caught:  # stale results: counted below, not listed
-        warnings.simplefilter("always")
-        paths = write_generated(args.out_dir, args.dataset, args.profile)
-    stale = {str(w.message) for w in caught}
-    note = f" ({len(stale)} stored results not counted: see `python -m fedsteer_lib status`)" if stale else ""
-    print(f"wrote {', '.join(str(p) for p in paths.values())}{note}")
-
-
-if __name__ == "__main__":
-    main()

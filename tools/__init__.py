@@ -1,0 +1,10 @@
+"""The book's build and rerun tooling, beside the Makefile that calls it (not part of the
+library: nothing in `fedsteer_lib` imports it). Run from the repository root, e.g.
+`python -m tools.generated book/_generated`.
+
+| module | what |
+| --- | --- |
+| `executed_notebooks` | `make book`: papermill's injected parameters cell hidden on the page |
+| `generated`, `provenance`, `precision_report` | `make book`: the rerun page's generated tables in `book/_generated/` (runtime, verify, numerics cost, bf16 against fp32, the claims ledger) |
+| `lab` | `make lab`: reading copies of the executed chapters for JupyterLab |
+"""
