@@ -12,9 +12,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor.report() if argv[0] == "doctor" else (1 if doctor.install_system_packages() else 0)
     if argv[:1] == ["check-seeds"]:  # `make book SEEDS=...` checks its value before it deletes anything
-        from .experiments.seeds import _main
+        from .experiments.seeds import main as check_seeds_main
 
-        return _main(argv[1:])
+        return check_seeds_main(argv[1:])
     from .experiments.cli import main as cli_main
 
     return cli_main(argv)

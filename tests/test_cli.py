@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fedsteer_lib.experiments import cli
+from fedsteer_lib.experiments.cli_checks import device_problem, results_dir_problem
 
 
 def _error(capsys, *argv: str) -> str:
@@ -31,13 +32,13 @@ def test_cuda_without_a_gpu_is_refused_before_any_compute(capsys, monkeypatch, d
 def test_a_gpu_index_beyond_the_machine_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert cli.device_problem("cuda:7") == "--device 'cuda:7': this machine has 2 CUDA GPU(s), cuda:0 to cuda:1"
-    assert cli.device_problem("cuda:1") is None and cli.device_problem("cuda") is None
+    assert device_problem("cuda:7") == "--device 'cuda:7': this machine has 2 CUDA GPU(s), cuda:0 to cuda:1"
+    assert device_problem("cuda:1") is None and device_problem("cuda") is None
 
 
 def test_a_device_that_is_not_one_is_refused(capsys):
     assert "is not a torch device" in _error(capsys, "status", "--device", "gpu0")
-    assert cli.device_problem("cpu") is None
+    assert device_problem("cpu") is None
 
 
 def test_results_pointing_at_a_file_is_refused(capsys, tmp_path):
@@ -62,9 +63,9 @@ def test_status_of_a_results_directory_that_does_not_exist_is_refused(capsys, tm
 
 
 def test_a_writable_results_directory_is_accepted(tmp_path):
-    assert cli.results_dir_problem(str(tmp_path / "new" / "results")) is None
+    assert results_dir_problem(str(tmp_path / "new" / "results")) is None
     assert list(tmp_path.iterdir()) == []  # checking creates nothing
-    assert cli.results_dir_problem(str(tmp_path)) is None
+    assert results_dir_problem(str(tmp_path)) is None
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5])

@@ -180,7 +180,7 @@ def test_verify_does_not_demand_the_bits_of_a_run_pinned_to_mkls_avx2_branch(cac
     payload["history"][-1]["update_norm"] *= 1 + 1e-7
     path.write_text(json.dumps(payload))
     code, out = _verify(capsys, tmp_path, SMALL.key())
-    assert code == 0 and "NOT REPRODUCED" not in out and "0 of 1 bit-identical" in out
+    assert code == 2 and "NOT REPRODUCED" not in out and "0 of 1 bit-identical" in out
     assert "(its bits are not demanded: pinned to MKL's AVX2 branch)" in out
     assert "stored on AMD EPYC (AuthenticAMD 25/1/1), pinned (MKL AVX2,STRICT) kernels" in out
     assert f"pinned (MKL {numerics.PINNED_ENV['MKL_CBWR']}) kernels" in out
@@ -196,7 +196,7 @@ def test_verify_reports_a_flipped_collapse_of_an_unpinned_run_without_failing(ca
     payload["history"][-1]["accuracy"] = 0.1
     path.write_text(json.dumps(payload))
     code, out = _verify(capsys, tmp_path, SMALL.key())
-    assert code == 0 and "collapse flipped (collapsed -> ran)" in out and "1 collapses flipped" in out
+    assert code == 2 and "collapse flipped (collapsed -> ran)" in out and "1 collapses flipped" in out
     assert "stored on Some Other CPU, native (before pinning existed) kernels, code abc1234" in out
 
 

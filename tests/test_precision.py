@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedsteer_lib import numerics
-from fedsteer_lib.experiments import cli, sweep
+from fedsteer_lib.experiments import cli, cli_run, sweep
 from fedsteer_lib.experiments.config import ConfigError, FLSystem, RunConfig, Training, method
 from fedsteer_lib.experiments.groups import GROUP_SETS, IN_PROGRESS, PARITY_ROLES, precision_parity_grid
 from fedsteer_lib.experiments.registry import role_of
@@ -195,14 +195,14 @@ def test_run_refuses_each_bad_value_in_one_line_before_any_compute(capsys, no_co
 
 
 def test_run_defaults_are_table_1s_run():
-    parser = cli.argparse.ArgumentParser()
+    parser = cli.OneLineParser()
     sub = parser.add_subparsers(dest="command")
-    cli._add_run_parser(sub)
+    cli_run.add_run_parser(sub)
     table1 = {c.key() for c in GROUP_SETS["main"]("fmnist", "paper", "cpu", results_root("paper"))["main"]}
     for argv in (["--method", "fedavg"], ["--method", "fedsteer", "--gamma", "0.7", "--seed", "3"],
                  ["--method", "fedstale", "--beta", "0.9"], ["--method", "fedsteer", "--refresh-every", "5"]):
-        assert cli._run_config(parser.parse_args(["run", *argv]), parser).key() in table1, argv
-    bf16 = cli._run_config(parser.parse_args(["run", "--method", "fedavg", "--precision", "bf16"]), parser)
+        assert cli_run.run_config(parser.parse_args(["run", *argv]), parser).key() in table1, argv
+    bf16 = cli_run.run_config(parser.parse_args(["run", "--method", "fedavg", "--precision", "bf16"]), parser)
     assert bf16.precision == "bf16" and bf16.key() not in table1
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fedsteer_lib.experiments import cli
+from fedsteer_lib.experiments.cli_checks import results_dir_problem
 from fedsteer_lib.experiments.config import ConfigError, FLSystem, RunConfig, Training, method
 from fedsteer_lib.experiments.groups import regime_grid, run_groups
 from fedsteer_lib.experiments.results import has_run, layout_problems, load_run, run_path, runs_table, save_run
@@ -108,8 +109,9 @@ def test_no_reader_of_the_derived_groups_has_a_default_cache():
 @pytest.mark.parametrize("seeds, message", [
     ([0, 0], "must not repeat.*0 is given 2 times"),
     ("[99]", 'got the text .*-y "seeds: \\[0, 1\\]"'),
-    ([True], "integers >= 0, got True"),
-    ([-1], "integers >= 0, got -1"),
+    ([True], r"integers in \[0, 2\*\*64\), got True"),
+    ([-1], r"integers in \[0, 2\*\*64\), got -1"),
+    ([2**64], r"integers in \[0, 2\*\*64\), got 18446744073709551616"),
     ([], "at least one seed"),
 ])
 def test_a_chapter_refuses_bad_seeds(seeds, message):
@@ -265,7 +267,7 @@ def test_non_finite_numbers_and_booleans_are_refused_by_name(build, field):
 
 
 def test_misleading_results_dir_message_names_the_real_cause():
-    problem = cli.results_dir_problem("/proc/foo")
+    problem = results_dir_problem("/proc/foo")
     assert "does not exist and cannot be created" in problem and "/proc does not let this process create" in problem
 
 

@@ -10,15 +10,18 @@ from typing import Any, Iterable
 
 from ..simulator.settings import ConfigError, is_int
 
-__all__ = ["check_seeds", "seeds_from_text"]
+__all__ = ["check_seeds", "seeds_from_text", "main", "SEED_LIMIT"]
+
+SEED_LIMIT = 2**64  # torch seeds its generators with a 64-bit unsigned integer
 
 _LIST_FORM = 'pass a list with papermill\'s -y, e.g. -y "seeds: [0, 1]" (or make book SEEDS=0,1)'
 
 
 def check_seeds(seeds: Any) -> tuple[int, ...]:
     """`seeds` as a tuple, or ConfigError naming what is wrong: not a list (a string, as
-    papermill's `-p seeds "[0]"` gives), not integers >= 0 (booleans are not integers here),
-    a seed given twice (it would count twice in every mean), or no seed at all."""
+    papermill's `-p seeds "[0]"` gives), not integers in [0, 2**64) (booleans are not integers
+    here; torch takes 64-bit seeds), a seed given twice (it would count twice in every mean), or
+    no seed at all."""
     if isinstance(seeds, (str, bytes)):
         raise ConfigError(f"seeds must be a list of integers >= 0, got the text {seeds!r}: {_LIST_FORM}")
     try:
@@ -27,9 +30,9 @@ def check_seeds(seeds: Any) -> tuple[int, ...]:
         raise ConfigError(f"seeds must be a list of integers >= 0, got {seeds!r}: {_LIST_FORM}") from None
     if not values:
         raise ConfigError("seeds must name at least one seed, got an empty list")
-    bad = [v for v in values if not (is_int(v) and v >= 0)]
+    bad = [v for v in values if not (is_int(v) and 0 <= v < SEED_LIMIT)]
     if bad:
-        raise ConfigError(f"seeds must be integers >= 0, got {bad[0]!r} in {values!r}")
+        raise ConfigError(f"seeds must be integers in [0, 2**64), got {bad[0]!r} in {values!r}")
     twice = [v for v, n in Counter(values).items() if n > 1]
     if twice:
         raise ConfigError(f"seeds must not repeat (a repeated seed counts twice in every mean): "
@@ -47,7 +50,9 @@ def seeds_from_text(text: str) -> tuple[int, ...]:
     return check_seeds(int(t) for t in items)
 
 
-def _main(argv: Iterable[str]) -> int:
+def main(argv: Iterable[str]) -> int:
+    """`python -m fedsteer_lib check-seeds 0,1`: exit status 0 when the seeds are good, else 2 with
+    the one-line reason on stderr."""
     import sys
 
     args = list(argv)

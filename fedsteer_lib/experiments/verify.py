@@ -248,6 +248,15 @@ def _verify_one(args: tuple[RunConfig, str, int, bool]):
         return config.key(), result
 
 
+def _start_worker(kernels: str) -> None:
+    """A pool worker: this process's kernel mode, and Ctrl-C left to the parent (which stops the
+    pool and says what was done), not a KeyboardInterrupt traceback from every worker."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    numerics.select_kernels(kernels)
+
+
 def _duration(seconds: float) -> str:
     minutes = round(seconds / 60)
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
@@ -321,7 +330,7 @@ def verify_runs(runs: Sequence[tuple[RunConfig, dict[str, Any]]], root, *, worke
         for args in todo:
             done(_verify_one(args))
     else:
-        with mp.get_context("spawn").Pool(workers, initializer=numerics.select_kernels,
+        with mp.get_context("spawn").Pool(workers, initializer=_start_worker,
                                           initargs=(numerics.kernels(),)) as pool:  # this process's kernel mode
             for key_result in pool.imap_unordered(_verify_one, todo):
                 done(key_result)
