@@ -313,3 +313,33 @@ def test_per_client_stream_runs_are_reproducible_and_differ_from_shared(sim):
     shared = run(cfg.replace(batch_stream="shared"), progress=False, sim=sim)
     assert a.extras["participation"] == shared.extras["participation"]
     assert repr(a.history[1:]) != repr(shared.history[1:])
+
+
+# --- the final accuracy is the last round's model (issue 58) -------------------------------------------
+def test_the_last_round_is_always_evaluated(sim):
+    """`--rounds 3 --eval-every 5 --eval-last 0`: no round is on the schedule, yet the run's final
+    accuracy must score the model it ends with (round 3), not the untrained round 0."""
+    config = _config(rounds=3).replace(training=dataclasses.replace(_config().training, rounds=3, eval_every=5,
+                                                                      eval_last=0))
+    result = run(config, progress=False, sim=sim)
+    evaluated = [h["round"] for h in result.history if h["accuracy"] == h["accuracy"]]
+    assert evaluated == [0, 3]
+    assert result.summary["final_accuracy"] == result.history[-1]["accuracy"] == result.summary["mean_last_accuracy"]
+    assert [r for r in range(1, 151) if Training(rounds=150, eval_every=5, eval_last=10).evaluates(r)] == \
+        [*range(5, 141, 5), *range(141, 151)]  # the paper profile's schedule is what it was
+
+
+def test_the_run_command_reports_the_last_rounds_accuracy(tmp_path, capsys):
+    from fedsteer_lib.experiments import cli
+
+    argv = ["run", "--method", "fedavg", "--num-clients", "20", "--gamma", "0.7", "--validation-size", "1000",
+            "--rounds", "3", "--eval-every", "5", "--eval-last", "0", "--local-epochs", "1", "--seed", "1",
+            "--results", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    import json
+
+    (stored,) = (tmp_path / "runs").glob("*.json")
+    last = json.loads(stored.read_text())["history"][-1]
+    assert last["round"] == 3 and last["accuracy"] is not None
+    assert f"final accuracy (validation split of 1000): {last['accuracy']:.4f} (the model of round 3)" in out, out

@@ -3,8 +3,8 @@
 The engine knows nothing about particular methods. `run` is a loop over `_round`: draw the
 participants, train them locally, ask the strategy for Delta_t, apply w <- w - eta_s Delta_t,
 let the strategy refresh its memory (and train the clients it asks for), evaluate on a
-schedule. Everything measured goes to a `Recorder`. A run that produces a non-finite update
-is stopped and recorded as collapsed.
+schedule that always includes the last round (`Training.evaluates`). Everything measured goes
+to a `Recorder`. A run that produces a non-finite update is stopped and recorded as collapsed.
 """
 from __future__ import annotations
 
@@ -339,7 +339,7 @@ def _round(t: int, active_ids: list[int], weights: torch.Tensor, sim: SimData, c
             strategy.observe(state, ctx, torch.tensor(forced, dtype=torch.long, device=ctx.device), extra, t)
     row = {"round": t + 1, "num_active": len(active_ids), "accuracy": float("nan"), "loss": float("nan"),
            "train_loss": float(np.mean(losses)) if losses else float("nan"), "update_norm": float(delta.norm())}
-    if (t + 1) % tr.eval_every == 0 or t + 1 > tr.rounds - tr.eval_last:
+    if tr.evaluates(t + 1):  # on the schedule, and always the last round (the model the run ends with)
         with rec.phase("eval"):
             row["accuracy"], row["loss"] = evaluate(sim.flat_model, new_weights, sim.eval_images, sim.eval_labels,
                                                     precision=sim.precision)

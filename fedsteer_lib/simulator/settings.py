@@ -84,6 +84,13 @@ class Training:
         check(is_real(self.client_lr) and self.client_lr > 0, "client_lr", "a finite number > 0", self.client_lr)
         check(is_real(self.server_lr) and self.server_lr > 0, "server_lr", "a finite number > 0", self.server_lr)
 
+    def evaluates(self, round_number: int) -> bool:
+        """Whether the model after round `round_number` (1..rounds) is evaluated: every
+        `eval_every`-th round, each of the last `eval_last` rounds, and always the last round, so
+        that a run's final accuracy is that of the model it ends with."""
+        return (round_number % self.eval_every == 0 or round_number > self.rounds - self.eval_last
+                or round_number == self.rounds)
+
 
 @dataclass(frozen=True)
 class Diagnostics:
