@@ -17,7 +17,8 @@ import pandas as pd
 import seaborn as sns
 
 from .. import numerics
-from ..experiments.config import DATASET_DEFAULTS, ConfigError, Profile, RunConfig, get_profile
+from ..experiments.cli_checks import device_problem, kernels_problem
+from ..experiments.config import DATASET_DEFAULTS, PROFILES, ConfigError, Profile, RunConfig, get_profile
 from ..experiments.groups import IN_PROGRESS
 from ..experiments.results import history_table, results_root, runs_table
 from ..experiments.seeds import check_seeds
@@ -68,14 +69,36 @@ class Book:
         return history_table(configs, self.root)
 
 
+def _data_problem(dataset: str) -> str | None:
+    """Why `dataset` cannot be read on this machine (its files are in none of the searched
+    folders and downloading is not allowed), or None: a notebook learns it at `setup`, not at its
+    first compute."""
+    from ..simulator.data import find_dataset, search_dirs
+
+    split = DATASET_DEFAULTS[dataset].get("split", "balanced")
+    if os.environ.get("FEDSTEER_ALLOW_DOWNLOAD") == "1" or find_dataset(dataset, split) is not None:
+        return None
+    return (f"dataset {dataset!r}: its files are not on this machine (looked in "
+            f"{', '.join(map(str, search_dirs(dataset)))}); `python -m fedsteer_lib doctor` says how to get them")
+
+
 def setup(profile: str = "quick", dataset: str = "fmnist", seeds: Sequence[int] | None = None,
           device: str = "cpu", workers: int = 1) -> Book:
-    """Validate a notebook's parameters, set the plotting style and return its context."""
+    """Validate a notebook's parameters, set the plotting style and return its context. Every
+    parameter is checked here, before anything computes: a bad one is a ConfigError whose one
+    line is what the failing cell shows (`ConfigError._render_traceback_`), the data set's files
+    must be on this machine (or FEDSTEER_ALLOW_DOWNLOAD=1), the device must be one torch has
+    here, and $FEDSTEER_KERNELS, when set, a kernel mode."""
+    if not isinstance(profile, str) or profile not in PROFILES:
+        raise ConfigError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
     prof = get_profile(profile)
-    if dataset not in DATASET_DEFAULTS:
+    if not isinstance(dataset, str) or dataset not in DATASET_DEFAULTS:
         raise ConfigError(f"dataset must be one of {sorted(DATASET_DEFAULTS)}, got {dataset!r}")
     if not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
+    problem = device_problem(device, option="device") or kernels_problem(None) or _data_problem(dataset)
+    if problem:
+        raise ConfigError(problem)
     seeds = prof.seeds if seeds is None else check_seeds(seeds)
     if prof.seeds != seeds:
         prof = replace(prof, seeds=seeds)

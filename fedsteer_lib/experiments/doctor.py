@@ -38,8 +38,11 @@ def chromium_path() -> str:
 def chromium_problem() -> str | None:
     """None when the browser is there; else the one message that says what is missing and the fix."""
     path = chromium_path()
-    if Path(path).is_file() and os.access(path, os.X_OK):
-        return None
+    try:
+        if Path(path).is_file() and os.access(path, os.X_OK):
+            return None
+    except OSError:  # a folder on the way this user may not look into: as good as missing
+        pass
     return (f"headless Chromium is missing ({path} does not exist): install it with "
             f"`{_apt_command('chromium')}` (`make test` does this itself when run as root), "
             "or point FEDSTEER_CHROMIUM at a Chromium binary")
@@ -90,11 +93,26 @@ class Check:
         return f"{self.status:8s} {self.name:24s} {self.detail}{fix}"
 
 
+def _stat_problem(path: Path) -> str | None:
+    """Why `path` is not there for this user (None when it is): missing, or a folder on the way
+    that this user may not look into (a checkout of another user's); never an exception."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as err:
+        return f"{path} cannot be looked at by this user ({err.strerror or err})"
+    return None
+
+
 def _venv(code: str) -> dict | None:
     """Run `code` (which prints one JSON object) with the virtual environment's Python."""
-    if not VENV_PY.exists():
+    if _stat_problem(VENV_PY):
         return None
-    proc = subprocess.run([str(VENV_PY), "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    try:
+        proc = subprocess.run([str(VENV_PY), "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    except OSError as err:
+        return {"error": f"{VENV_PY} cannot be run by this user ({err.strerror or err})"}
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[-1]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -148,8 +166,11 @@ def checks() -> list[Check]:
                            ("make", "runs the two commands", "make")]:
         where = shutil.which(tool)
         out.append(Check(tool, "ok" if where else "missing", where or f"not on PATH ({why})", _apt_command(pkg)))
-    if not VENV_PY.exists():
-        out.append(Check(".venv", "missing", f"{VENV_PY} does not exist", "make setup"))
+    venv_problem = _stat_problem(VENV_PY)
+    if venv_problem:
+        fix = ("make setup" if "does not exist" in venv_problem else
+               "run doctor as the user who owns the checkout, or let others read it (chmod -R a+rX .venv)")
+        out.append(Check(".venv", "missing", venv_problem, fix))
     else:
         pins = _pins()
         found = _venv(_PACKAGES.replace("NAMES", repr(list(pins)))) or {}
@@ -182,7 +203,9 @@ def checks() -> list[Check]:
                    "only for its chapters' paper-scale runs: put its files in one of those folders "
                    "(FEDSTEER_DATA), or set FEDSTEER_ALLOW_DOWNLOAD=1 where the internet is reachable")
             out.append(Check(name, status, where, fix))
-    out.append(Check("mathjax", "ok" if MATHJAX.is_file() else "missing", str(MATHJAX.relative_to(ROOT)), "make setup"))
+    mathjax_problem = _stat_problem(MATHJAX)
+    out.append(Check("mathjax", "missing" if mathjax_problem else "ok",
+                     mathjax_problem or str(MATHJAX.relative_to(ROOT)), "make setup"))
     problem = chromium_problem()
     out.append(Check("chromium", "missing" if problem else "ok", chromium_path() if not problem else
                      f"{chromium_path()} does not exist (the headless-browser check of `make test`)",

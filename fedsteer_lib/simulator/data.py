@@ -299,6 +299,13 @@ def _first_found(name: str, split: str, dirs: list[Path]) -> Path | None:
     return next((f for f in (_locate(name, split, d) for d in dirs) if f is not None), None)
 
 
+def find_dataset(name: str, split: str = "balanced") -> Path | None:
+    """The folder `load_dataset` would read ``name`` from, None when none of the searched folders
+    (`search_dirs`) holds its files: it only looks, it reads nothing (`dataset_status` reads)."""
+    _check_name(name, split)
+    return _first_found(name, split if name == "emnist" else "", search_dirs(name))
+
+
 @dataclass(frozen=True)
 class DatasetStatus:
     """What `dataset_status` found: `status` is "ok", "missing" or "corrupt"; `folder` the

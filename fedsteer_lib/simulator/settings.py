@@ -14,7 +14,14 @@ __all__ = ["ConfigError", "FLSystem", "Training", "Diagnostics", "check", "is_in
 
 
 class ConfigError(ValueError):
-    """A setting is outside its allowed range; the message names the field and the range."""
+    """A setting is outside its allowed range; the message names the field and the range.
+
+    A user's mistake, so in a notebook (IPython, papermill, nbval) the failing cell shows this
+    one line, not a traceback that ends with it: IPython renders an exception by its
+    `_render_traceback_` when it has one."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
 
 
 def check(cond: bool, field_name: str, allowed: str, value: Any) -> None:
