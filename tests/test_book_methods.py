@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book import methods
+from fedsteer_lib.experiments.registry import TABLE1_ROLES
 from fedsteer_lib.experiments.config import METHOD_DEFAULTS, method, paper_methods
 from fedsteer_lib.experiments.results import METHOD_PARAMETERS, method_columns
 
@@ -23,7 +24,7 @@ def _table(specs, dataset="fmnist") -> pd.DataFrame:
     (method("fedsteer", core_size=10), "emnist", "fedsteer"),
     (method("fedsteer", core_size=10), "fmnist", None),
     (method("fedsteer", core_size=10, refresh_every=5), "emnist", "fedsteer_enforce5"),
-    (method("fedsteer", ordering="as_written"), "fmnist", None),
+    (method("fedsteer", ordering="as_written"), "fmnist", "fedsteer_as_written"),  # the literal reading
     (method("fedsteer", subsample=20), None, None),
     (method("fedstale", beta=0.6), "fmnist", "fedstale"),
     (method("fedvarp"), "fmnist", "fedvarp"),
@@ -41,7 +42,7 @@ def test_role(spec, dataset, expected):
 def test_paper_methods_cover_every_role():
     for dataset in ("fmnist", "emnist", "cifar10"):
         roles = [methods.role(m, dataset) for m in paper_methods(dataset)]
-        assert set(roles) == set(methods.TABLE1_ROLES)
+        assert set(roles) == set(TABLE1_ROLES)
         assert roles.count("fedstale") == 5
         assert methods.roles(_table(paper_methods(dataset), dataset)).tolist() == roles
 
@@ -63,13 +64,6 @@ def test_method_columns_and_specs_round_trip():
     assert list(methods.method_specs(upcast)) == specs
     with pytest.raises(ValueError, match="method columns"):
         methods.method_specs(table.drop(columns="lam"))
-
-
-def test_by_role():
-    table = _table(paper_methods("fmnist") + [method("fedsteer", ordering="as_written")])
-    assert list(methods.by_role(table, "fedstale")["beta"]) == [0.5, 0.6, 0.7, 0.8, 0.9]
-    assert list(methods.by_role(table, "fedsteer")["label"]) == ["fedsteer"]
-    assert methods.by_role(table.iloc[:0], "fedsteer").empty
 
 
 # ----------------------------------------------------------------------------- book/methods.md

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from fedsteer_lib.book import methods, paper, stats, tables
+from fedsteer_lib.experiments.registry import TABLE1_ROLES
 from fedsteer_lib.experiments.config import method
 from fedsteer_lib.experiments.results import METHOD_PARAMETERS, method_columns
 
@@ -77,10 +78,7 @@ def test_every_quoted_accuracy_is_recorded():
 def test_plain_removes_tex():
     s = paper.plain(r"On EMNIST (\(\gamma=0.9\)), size \(|\mathcal{X}| \le 30\) and Table" + "\u00a0" + "3")
     assert s == "On EMNIST (γ=0.9), size |X| ≤ 30 and Table 3"
-    table = paper.paper_table()
-    assert not table["sentence"].str.contains(r"\\\(|\\\)", regex=True).any()
-    assert set(paper.paper_table(datasets=["emnist"])["data set"]) == {"emnist"}
-    assert len(paper.paper_table(datasets=["cifar10"])) == 2
+    assert all("\\(" not in paper.plain(p.quote) for p in paper.PAPER)
 
 
 # ------------------------------------------------------------------------------ Table 1
@@ -96,7 +94,7 @@ def test_table1_means_std_and_best_beta(t1):
     stale7 = t1[(t1["gamma"] == 0.7) & (t1["role"] == "fedstale")].iloc[0]
     assert stale7["label"] == "fedstale(beta=0.9)"
     # one row per role and gamma, in ROLES order; no paper number at γ=0.7
-    assert list(t1[t1["gamma"] == 0.9]["role"]) == list(methods.TABLE1_ROLES)
+    assert list(t1[t1["gamma"] == 0.9]["role"]) == list(TABLE1_ROLES)
     assert t1[t1["gamma"] == 0.7]["paper"].isna().all()
     # FedProx at 0.9 has one finite seed of two and one collapse
     prox = t1[(t1["gamma"] == 0.9) & (t1["role"] == "fedprox")].iloc[0]
@@ -106,7 +104,7 @@ def test_table1_means_std_and_best_beta(t1):
 def test_table1_single_seed_has_no_interval_and_reads_well():
     one = make_runs({0.9: {k: v[:1] for k, v in ACC[0.9].items()}})
     t = tables.table1(one)
-    assert t["std"].isna().all() and t["ci"].isna().all()
+    assert t["std"].isna().all() and t["ci_low"].isna().all() and t["ci_high"].isna().all()
     shown = tables.table1_reading(t).set_index("method")
     assert list(shown.columns) == ["γ = 0.9: ours (n = 1)", "γ = 0.9: paper"]
     assert shown.loc["FedSteer", "γ = 0.9: ours (n = 1)"] == "0.600"
@@ -116,9 +114,7 @@ def test_table1_single_seed_has_no_interval_and_reads_well():
     assert list(shown.index)[:2] == ["Full participation", "FedSteer"]
 
 
-def test_table1_reading_gives_the_95_interval_and_counts_collapsed_runs():
-    from fedsteer_lib.book.stats import t_critical
-
+def test_table1_reading_gives_a_bootstrap_interval_inside_0_1_and_counts_collapsed_runs():
     rows = [{"dataset": "fmnist", "gamma": 0.9, "seed": s, "label": "scaffold", "method": "scaffold",
              "final_accuracy": a, "collapsed": c} for s, (a, c) in enumerate([(0.1, True), (0.7, False), (0.8, False)])]
     runs = pd.DataFrame(rows)
@@ -126,10 +122,13 @@ def test_table1_reading_gives_the_95_interval_and_counts_collapsed_runs():
         runs[k] = None
     t = tables.table1(runs)
     row = t.iloc[0]
-    half = t_critical(2) * np.std([0.1, 0.7, 0.8], ddof=1) / np.sqrt(3)
-    assert row["mean"] == pytest.approx(1.6 / 3) and row["collapsed"] == 1 and row["ci"] == pytest.approx(half)
+    boot = stats.estimate([0.1, 0.7, 0.8], "bootstrap")
+    assert row["mean"] == pytest.approx(1.6 / 3) and row["collapsed"] == 1
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((boot["ci_low"], boot["ci_high"]))
+    assert 0.1 <= row["ci_low"] < row["mean"] < row["ci_high"] <= 0.8 + 1e-12  # the t-interval would reach below 0
+    assert stats.mean_ci([0.1, 0.7, 0.8])[0] - stats.mean_ci([0.1, 0.7, 0.8])[1] < 0
     cell = tables.table1_reading(t).set_index("method").loc["SCAFFOLD", "γ = 0.9: ours (n = 3)"]
-    assert cell == f"0.533 ± {half:.3f}; 1 of 3 collapsed"
+    assert cell == f"0.533 [{row['ci_low']:.3f}, {row['ci_high']:.3f}]; 1 of 3 collapsed"
 
 
 def test_table1_rejects_two_labels_for_one_role(runs):
@@ -145,15 +144,12 @@ def test_table1_ignores_variants_outside_table1(runs):
     assert t[(t["gamma"] == 0.9) & (t["role"] == "fedsteer")]["mean"].iloc[0] == pytest.approx(0.61)
 
 
-def test_counted():
-    assert [stats.counted(n, "seed") for n in (0, 1, 3)] == ["0 seeds", "1 seed", "3 seeds"]
+def test_fmt_pct_and_fmt_num_use_one_minus_sign():
+    from fedsteer_lib.book.table_display import fmt_num, fmt_pct, readable_value
 
-
-def test_format_pct():
-    assert stats.format_pct(0.088) == "+8.8 %"
-    assert stats.format_pct(-0.0123) == "-1.2 %"
-    assert stats.format_pct(0.025, signed=False) == "2.5 %"
-    assert stats.format_pct(float("nan")) == "—"
+    assert fmt_pct(0.088) == "+8.8 %" and fmt_pct(-0.0123) == "−1.2 %" and fmt_pct(0.025, signed=False) == "2.5 %"
+    assert fmt_pct(float("nan")) == "—" and fmt_num(-0.0192) == "−0.019"
+    assert readable_value(-0.0088) == "−0.0088" and readable_value(-2.9e-4) == "−2.90 × 10⁻⁴"
 
 
 # ------------------------------------------------------------------------------ tested verdicts
@@ -198,23 +194,3 @@ def _texts_fit_the_column(fig) -> None:
     assert fig.get_figwidth() <= 6.4
     sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_text().strip()]
     assert sizes and min(sizes) >= 9
-
-
-def test_cadence_curve_keeps_the_cadence_and_counts_collapsed_runs_as_table1():
-    from fedsteer_lib.book.figures import accuracy
-
-    runs = make_runs()
-    curves = make_curves(runs)
-    scaffold = curves[(curves["label"] == "scaffold") & (curves["gamma"] == 0.9)]
-    mean, std, stops = accuracy.cadence_curve(scaffold, "accuracy", 5)
-    assert list(mean.index) == [0, 5, 10, 15, 20]  # not rounds 17-19 (off the cadence) nor the collapse rounds
-    assert mean.tolist() == pytest.approx([0.505, 0.505, (0.1 + 0.51) / 2, 0.1, 0.1])  # the diverged score carried on
-    assert sorted(stops.tolist()) == [8, 12]
-    loss, _, _ = accuracy.cadence_curve(scaffold, "loss", 5)
-    assert loss.loc[[0, 5]].tolist() == [1.0, 1.0]
-    assert loss.loc[[10, 15, 20]].isna().all()  # no finite loss once a seed has diverged
-    fedavg_rows = curves[(curves["label"] == "fedavg") & (curves["gamma"] == 0.9)]
-    fedavg, _, none = accuracy.cadence_curve(fedavg_rows, "accuracy", 5)
-    assert fedavg.tolist() == pytest.approx([0.505] * 5) and none.empty
-
-

@@ -14,7 +14,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedsteer_lib.book.methods import label_without_warmup
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, get_profile, method
 from fedsteer_lib.experiments.groups import convergence_grid, server_step_grid, stability_grid
 from fedsteer_lib.experiments.tuning import select_server_steps
@@ -110,15 +109,16 @@ def test_committed_results_cover_the_whole_fashion_mnist_paper_grid():
 # --- the diagnostics run groups of chapters 5 and 8 ----------------------------------------------
 def test_convergence_grid_is_every_table_1_method_with_probes():
     paper = convergence_grid("fmnist", "paper", seeds=[3, 4])
-    labels = [label_without_warmup(c.method) for c in paper if c.system.gamma == 0.9]
+    labels = [c.method.label for c in paper if c.system.gamma == 0.9 and c.seed == 3]
     assert labels == ["fedavg", "fedavg_unbiased", "fedvarp", "fedstale", "scaffold", "mifa", "fedprox", "fedsteer",
                       "fedsteer(refresh_every=5)"]
-    assert [c.method.get("beta") for c in paper if c.method.name == "fedstale"] == [0.7, 0.7]
-    assert len(paper) == 2 * 9 and {c.system.gamma for c in paper} == {0.7, 0.9} and {c.seed for c in paper} == {3}
+    assert [c.method.get("beta") for c in paper if c.method.name == "fedstale"] == [0.7] * 4
+    assert len(paper) == 2 * 2 * 9 and {c.system.gamma for c in paper} == {0.7, 0.9} and {c.seed for c in paper} == {3, 4}
+    assert len(convergence_grid("fmnist", "paper")) == 8 * 2 * 9  # every seed: the claims' units
     assert all(c.diagnostics.probe_every == 10 for c in paper)
     quick = convergence_grid("fmnist", "quick")  # the profile's five of them
-    assert [label_without_warmup(c.method) for c in quick] == ["fedavg_unbiased", "fedvarp", "mifa", "fedsteer",
-                                                               "fedsteer(refresh_every=5)"]
+    assert [c.method.label for c in quick] == ["fedavg_unbiased", "fedvarp", "mifa", "fedsteer(warmup_cycles=2)",
+                                               "fedsteer(refresh_every=5, warmup_cycles=2)"]
     assert all(c.diagnostics.probe_every == 3 and c.training.rounds == 5 and c.seed == 0 for c in quick)
     assert all(c.training.local_epochs == 1 for c in quick) and all(c.training.local_epochs == 2 for c in paper)
 
@@ -137,11 +137,12 @@ def test_the_quick_regime_cell_is_the_quick_table_1_grid():
         assert {"fedavg", "fedvarp", "mifa"} <= shared and all(cell[m] == table1[m] for m in shared), profile
 
 
-def test_stability_grid_is_fig_8():
+def test_stability_grid_is_fig_8_at_every_gamma_and_seed():
     configs = stability_grid("fmnist", "paper")
-    assert list(configs) == ["λ=0.0, |X|=10", "λ=0.0, |X|=40", "λ=0.5, |X|=10", "λ=0.5, |X|=40"]
-    for name, c in configs.items():
-        assert c.method.get("refresh_every") == 5 and c.system.gamma == 0.9 and c.seed == 0
+    settings = ["λ=0.0, |X|=10", "λ=0.0, |X|=40", "λ=0.5, |X|=10", "λ=0.5, |X|=40"]
+    assert list(configs) == [(s, g, seed) for s in settings for g in (0.7, 0.9) for seed in range(8)]
+    for (name, gamma, seed), c in configs.items():
+        assert c.method.get("refresh_every") == 5 and c.system.gamma == gamma and c.seed == seed
         assert c.diagnostics.track_coords == (5, 55, 95) and c.training.rounds == 150
         assert name == f"λ={c.method.get('lam')}, |X|={c.method.get('core_size')}"
 
@@ -163,11 +164,16 @@ def test_server_step_grid_gives_every_method_the_same_three_steps_on_validation(
     assert "full" not in per_method and [c.method.get("beta") for c in configs if c.method.name == "fedstale"] == [0.7] * 6
     assert len(configs) == 13 * 3 * 2
     quick = server_step_grid("fmnist", "quick")  # the quick profile: two steps for one method
-    assert sorted((label_without_warmup(c.method), c.training.server_lr) for c in quick) == [
+    assert sorted((_label(c.method), c.training.server_lr) for c in quick) == [
         ("fedavg_unbiased", 0.5), ("fedavg_unbiased", 1.0)]
     two = server_step_grid("fmnist", TWO_STEP_METHODS)  # a profile's roles pick the methods
-    assert sorted((label_without_warmup(c.method), c.training.server_lr) for c in two) == [
+    assert sorted((_label(c.method), c.training.server_lr) for c in two) == [
         ("fedavg_unbiased", 0.5), ("fedavg_unbiased", 1.0), ("fedsteer", 0.5), ("fedsteer", 1.0)]
+
+
+def _label(spec) -> str:
+    """A method's label without FedSteer's warm-up length (which only the profile sets)."""
+    return spec.label.replace("(warmup_cycles=2)", "").replace(", warmup_cycles=2", "")
 
 
 def test_server_step_choice_by_hand():
@@ -200,10 +206,10 @@ def test_the_calibrated_point_follows_the_rule_once_the_map_has_every_unbiased_f
     assert cell == {"client_lr": 0.1, "local_epochs": 2, "mean": 0.55, "n": 1, "paper": CALIBRATION_TARGET["paper_accuracy"]}
     every_method = dataclasses.replace(TWO_REGIME_CELLS, calibrated_roles=None)  # the paper profile's methods
     configs = calibrated_grid("fmnist", every_method, root=tmp_path)
-    labels = [label_without_warmup(c.method) for c in configs]
+    labels = [_label(c.method) for c in configs]
     assert "full" not in labels and "fedsteer(ordering=as_written)" in labels and "mifa(start=wait_all)" in labels
     assert len(labels) == len(set(labels)) == 17
-    quick = [label_without_warmup(c.method) for c in calibrated_grid("fmnist", TWO_REGIME_CELLS, root=tmp_path)]
+    quick = [_label(c.method) for c in calibrated_grid("fmnist", TWO_REGIME_CELLS, root=tmp_path)]
     assert sorted(quick) == sorted(["fedavg", "fedavg_unbiased", "mifa(start=wait_all)",
                                     "fedsteer", "fedsteer(ordering=as_written)"])  # the quick profile's five
     assert {(c.training.client_lr, c.training.local_epochs) for c in configs} == {(0.1, 2)}
@@ -218,14 +224,14 @@ def test_own_step_grid_reruns_the_methods_whose_chosen_step_is_not_the_frozen_on
     assert server_step_choices("fmnist", TWO_STEP_METHODS, tmp_path) is None and own_step_grid("fmnist", TWO_STEP_METHODS, root=tmp_path) == []
     accuracy = {("fedavg_unbiased", 0.5): 0.7, ("fedavg_unbiased", 1.0): 0.6, ("fedsteer", 0.5): 0.6, ("fedsteer", 1.0): 0.6}
     for i, c in enumerate(search):
-        acc = accuracy[(label_without_warmup(c.method), c.training.server_lr)]
+        acc = accuracy[(_label(c.method), c.training.server_lr)]
         save_run(RunResult(config=c.to_dict(), history=[], extras={},
                            summary={"final_accuracy": acc, "mean_last_accuracy": acc, "final_loss": 1.0, "collapsed": False,
                                     "collapse_round": None, "server_memory_bytes": 0, "wall_time": 1.0}), c, tmp_path)
         assert (server_step_choices("fmnist", TWO_STEP_METHODS, tmp_path) is None) == (i < len(search) - 1)
-    choices = {label_without_warmup(m): lr for m, lr in server_step_choices("fmnist", TWO_STEP_METHODS, tmp_path).items()}
+    choices = {_label(m): lr for m, lr in server_step_choices("fmnist", TWO_STEP_METHODS, tmp_path).items()}
     assert choices == {"fedavg_unbiased": 0.5, "fedsteer": 1.0}  # FedSteer's tie goes to the frozen step
     reruns = own_step_grid("fmnist", TWO_STEP_METHODS, root=tmp_path)
-    assert [(label_without_warmup(c.method), c.training.server_lr, c.system.validation_size) for c in reruns] == [
+    assert [(_label(c.method), c.training.server_lr, c.system.validation_size) for c in reruns] == [
         ("fedavg_unbiased", 0.5, 0)]  # on the test split, every seed and gamma of the profile
     assert {(c.seed, c.system.gamma) for c in reruns} == {(0, 0.9)}

@@ -2,34 +2,24 @@
 
 The paper's Table 1 is not part of our copy of the text: only the numbers quoted in its prose
 are known. `PAPER` lists every one of them (§1, §4.2, §8.2, §8.3) with the exact sentence it
-comes from, and `PAPER_STATEMENTS` the qualitative claims that our runs can check (Fig. 5's
-trend, §8.4). Percentages are stored as fractions (8.8 % -> 0.088); a "gain" is relative,
+comes from (the qualitative claims are rows of the claims ledger). Percentages are stored as fractions (8.8 % -> 0.088); a "gain" is relative,
 (a - b) / b, which is how the paper's 8.8 % arises from 0.554 vs 0.509.
 
-Used by Table 1 and its gains (chapter 6), Fig. 5's statements and Table 3 (chapter 7), and the
-comparison with every quoted number and the claims checklist (chapter 10).
+Used by Table 1 (chapter 6), the claims ledger and the report's list of every quoted number
+(chapter 9).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
 
-import numpy as np
-import pandas as pd
 
-from .methods import ROLE_NAMES
 
-__all__ = [
-    "PaperNumber", "PAPER", "PaperStatement", "PAPER_STATEMENTS", "HEADLINE_FEDSTEER", "CONTRIB_NOTE", "NUM_CLASSES",
-    "DATASET_NAMES", "plain", "paper_table", "paper_value_for",
-]
+__all__ = ["PaperNumber", "PAPER", "CONTRIB_NOTE", "NUM_CLASSES", "DATASET_NAMES", "plain",
+           "paper_value_for"]
 
 NUM_CLASSES: dict[str, int] = {"fmnist": 10, "emnist": 47, "cifar10": 10}  # EMNIST: `balanced` split
 DATASET_NAMES: dict[str, str] = {"fmnist": "Fashion-MNIST", "emnist": "EMNIST", "cifar10": "CIFAR-10"}
-# The FedSteer variant the paper's text attaches to its headline numbers: EMNIST names the
-# enforced version; for Fashion-MNIST and CIFAR-10 the text does not say, we read the default.
-HEADLINE_FEDSTEER: dict[str, str] = {"fmnist": "fedsteer", "emnist": "fedsteer_enforce5", "cifar10": "fedsteer"}
 
 
 @dataclass(frozen=True)
@@ -75,14 +65,6 @@ _Q_CIFAR = (r"FedSteer maintains this advantage on the larger and more complex C
 _Q_TABLE3 = ("As shown in Table\u00a03, subsampling incurs only a minor accuracy drop (approximately 2.5% on average "
              "across two settings) while still outperforming all baselines.")
 _Q_MEMORY = r"In experiments, we set \(k=10, N=100\), resulting in reduced memory usage by around 10 times."
-_Q_84 = ("Across both the Fashion-MNIST and CIFAR-10 tasks, FedSteer achieves stable convergence and "
-         "significantly outperforms all evaluated baseline methods, obtaining a final accuracy superseded only "
-         "by the theoretical “full participation” upper bound.")
-_Q_F5_SMALL = ("Strong regularization is crucial here, as it prevents the coordinates from overfitting to the "
-               "small basis, producing more robust estimates and leading to higher accuracy.")
-_Q_F5_MEDIUM = ("In this range, the unregularized approach starts to outperform the regularized one by "
-                "leveraging the richer, more representative basis without the constraint of a penalty.")
-_Q_F5_LARGE = r"For large core sets (\(|\mathcal{X}| > 80\)), the performance of both methods degrades."
 
 _MODERATE_NOTE = ("the sentence follows the Fashion-MNIST one and names no data set; we read it as Fashion-MNIST, "
                   "the gain of FedSteer over the best baseline")
@@ -121,25 +103,6 @@ PAPER: tuple[PaperNumber, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class PaperStatement:
-    """A qualitative claim of the paper's text that our runs can check."""
-
-    key: str
-    section: str
-    quote: str
-    context: str
-
-
-PAPER_STATEMENTS: tuple[PaperStatement, ...] = (
-    PaperStatement("fig5/small", "§4.3", _Q_F5_SMALL, "EMNIST, enforce=5, small core sets |X| ≤ 30: λ = 0.5 beats λ = 0"),
-    PaperStatement("fig5/medium", "§4.3", _Q_F5_MEDIUM, "EMNIST, enforce=5, 40 ≤ |X| ≤ 80: λ = 0 beats λ = 0.5"),
-    PaperStatement("fig5/large", "§4.3", _Q_F5_LARGE, "EMNIST, enforce=5, |X| > 80: both λ degrade"),
-    PaperStatement("s84/second_only_to_full", "§8.4", _Q_84, "γ = 0.9: FedSteer beats every baseline and only full "
-                   "participation beats FedSteer"),
-    PaperStatement("s83/sub_beats_baselines", "§8.3", _Q_TABLE3, "subsampled FedSteer still beats every baseline"),
-)
-
 _TEX = [(r"\(", ""), (r"\)", ""), (r"\gamma", "γ"), (r"\beta", "β"), (r"\lambda", "λ"), (r"\mathcal{X}", "X"),
         (r"\le", "≤"), (r"\times", "×"), ("10^6", "10⁶")]
 
@@ -149,21 +112,6 @@ def plain(text: str) -> str:
     for old, new in _TEX:
         text = text.replace(old, new)
     return " ".join(text.split())
-
-
-def paper_table(datasets: Iterable[str | None] | None = None, quantities: Iterable[str] | None = None) -> pd.DataFrame:
-    """`PAPER` as a table (quotes in plain text), optionally restricted to some data sets
-    (None in `datasets` selects the numbers not tied to one data set)."""
-    rows = []
-    for p in PAPER:
-        if datasets is not None and p.dataset not in list(datasets):
-            continue
-        if quantities is not None and p.quantity not in list(quantities):
-            continue
-        rows.append({"data set": p.dataset or "—", "γ": p.gamma if p.gamma is not None else np.nan,
-                     "quantity": p.quantity, "method": ROLE_NAMES.get(p.role, "—") if p.role else "—",
-                     "paper": p.text, "section": p.section, "sentence": plain(p.quote), "note": p.note})
-    return pd.DataFrame(rows)
 
 
 def paper_value_for(dataset: str | None, gamma: float | None, quantity: str, r: str | None) -> float:

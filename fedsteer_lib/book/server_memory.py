@@ -14,10 +14,10 @@ from ..experiments.registry import make_strategy
 from ..strategy import ServerContext
 
 
-__all__ = ["state_bytes", "memory_formula"]
+__all__ = ["server_state_bytes", "memory_formula"]
 
 
-def state_bytes(spec: MethodSpec, num_clients: int, dim: int, device: str | torch.device = "meta") -> int:
+def server_state_bytes(spec: MethodSpec, num_clients: int, dim: int, device: str | torch.device = "meta") -> int:
     """Bytes of a method's server state tensors (`Strategy.init_state` + `memory_bytes`).
 
     With the default `device="meta"` the tensors have shapes and dtypes but no storage, so the

@@ -1,17 +1,19 @@
-"""Statistics of result tables: means over seeds, paired comparisons and the verdicts a test
-allows, collapse counts.
+"""The book's statistics, one convention everywhere: an estimate over independent units (seeds,
+or runs where a run is the unit) with a 95 % interval on the quantity's own scale, a two-sided
+test against a target, and Holm's adjustment over one family of tests.
 
-Every function takes the tidy tables of `Book.runs` (one row per run: dataset, method, label,
-gamma, seed, final_accuracy, collapsed, ..., one column per method parameter) and returns a
-pandas DataFrame or a sentence. Comparisons are paired by seed and tested with the paired
-two-sided t-test (`paired_t_test`, exact p from `t_two_sided_p`); the p-values of one family of
-comparisons (a chapter's, or one table's) are adjusted with Holm's method (`holm`,
-`family_verdicts`, `tested_verdicts`). A verdict ("higher", "lower") is stated only with at least
-MIN_SEEDS_FOR_VERDICT = 5 paired seeds and a Holm-adjusted p below 0.05; with fewer seeds the
-numbers are shown as indicative, with no test and no verdict.
+Three scales (`estimate`):
 
-Used by Table 1 and the collapse counts (chapter 6), FedSteer's paired gains (chapter 9), the
-claim checks (chapter 10) and the claims ledger.
+- ``"mean"``: the mean with its Student-t interval and t-test (accuracy gains, paired by seed);
+- ``"log_ratio"``: for ratios of positive quantities (a variance over another): the t-interval
+  and t-test of the mean log ratio, shown as a change exp(mean) - 1, so its interval never falls
+  below -100 %;
+- ``"bootstrap"``: for bounded quantities (cosines and their differences): the mean with a
+  percentile bootstrap interval over the units and the test that inverts it, so the interval
+  stays inside the quantity's range.
+
+`estimate(..., confidence=1 - ALPHA / m)` gives the family-level (Bonferroni) interval of a
+family of m tests: a target outside it is rejected by Holm's method as well.
 """
 from __future__ import annotations
 
@@ -23,13 +25,13 @@ import pandas as pd
 
 from .methods import roles
 
-__all__ = ["summarize", "format_pct", "counted",
-           "MIN_SEEDS_FOR_VERDICT", "t_two_sided_p", "paired_t_test", "holm", "t_critical", "mean_ci",
-           "one_sample_t_test"]
+__all__ = ["ALPHA", "MIN_UNITS", "SCALES", "summarize", "t_two_sided_p", "t_critical", "mean_ci", "paired_t_test",
+           "one_sample_t_test", "bootstrap_means", "estimate", "holm"]
 
-# Verdict words need at least this many paired seeds; fewer are shown as indicative only.
-MIN_SEEDS_FOR_VERDICT = 5
-ALPHA = 0.05
+ALPHA = 0.05  # the book's one test level (two-sided), for a whole family with Holm's method
+MIN_UNITS = 5  # independent units (seeds, runs) a verdict needs; fewer: the numbers are indicative only
+SCALES = ("mean", "log_ratio", "bootstrap")
+BOOTSTRAP_DRAWS = 20_000
 
 
 def _std(values: pd.Series) -> float:
@@ -46,30 +48,6 @@ def summarize(runs: pd.DataFrame, metric: str = "final_accuracy") -> pd.DataFram
     out["collapsed"] = g["collapsed"].sum().astype(int).values if "collapsed" in runs else 0
     out["role"] = list(roles(runs.drop_duplicates(["dataset", "gamma", "label"])))  # groups in order of appearance
     return out[["dataset", "gamma", "label", "role", "mean", "std", "n", "collapsed"]]
-
-
-def format_pct(value: float, signed: bool = True) -> str:
-    """0.088 -> '+8.8 %' (NaN -> '—')."""
-    if value is None or value != value:
-        return "—"
-    return f"{100 * value:+.1f} %" if signed else f"{100 * value:.1f} %"
-
-
-def counted(n: int, noun: str) -> str:
-    """1 -> '1 seed', 3 -> '3 seeds', 0 -> '0 seeds'."""
-    return f"{n} {noun if n == 1 else noun + 's'}"
-
-
-def _word(n: int, mean: float, p_holm: float, higher: str, lower: str, same: str = "no clear difference",
-          alpha: float = ALPHA) -> str:
-    """The verdict a test allows: `higher` / `lower` when the Holm-adjusted p < alpha with at
-    least MIN_SEEDS_FOR_VERDICT seeds, `same` otherwise, "indicative (n = .., no test)" below
-    that many seeds."""
-    if n < MIN_SEEDS_FOR_VERDICT:
-        return f"indicative (n = {n}, no test)"
-    if p_holm == p_holm and p_holm < alpha:
-        return higher if mean > 0 else lower
-    return same
 
 
 def t_two_sided_p(t: float, df: int) -> float:
@@ -98,10 +76,36 @@ def t_two_sided_p(t: float, df: int) -> float:
     return min(1.0, max(0.0, 1.0 - inside))
 
 
+def t_critical(df: int, confidence: float = 0.95) -> float:
+    """The t value with P(|T| >= t) = 1 - confidence for `df` degrees of freedom (bisection on
+    `t_two_sided_p`): 12.706 for df = 1, 2.365 for df = 7 at 95 %."""
+    lo, hi = 0.0, 1e6
+    for _ in range(300):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 1 - confidence else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _finite(values: Sequence[float]) -> np.ndarray:
+    return np.asarray([x for x in values if x == x], dtype=float)
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, int]:
+    """(mean, half-width of its `confidence` t-interval, n) of the finite `values` (NaN
+    half-width below two values)."""
+    v = _finite(values)
+    n = int(v.size)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    if n < 2:
+        return float(v.mean()), float("nan"), n
+    return float(v.mean()), float(t_critical(n - 1, confidence) * v.std(ddof=1) / math.sqrt(n)), n
+
+
 def paired_t_test(diffs: Sequence[float]) -> dict:
-    """The paired t-test of differences (one per seed) against zero: n, mean, standard error,
-    t and the two-sided p-value (NaN with fewer than 2 differences or none that vary)."""
-    d = np.asarray([x for x in diffs if x == x], dtype=float)
+    """The t-test of differences (one per unit) against zero: n, mean, standard error, t and
+    the two-sided p (NaN with fewer than 2 differences or none that vary)."""
+    d = _finite(diffs)
     n = int(d.size)
     mean = float(d.mean()) if n else float("nan")
     if n < 2:
@@ -113,33 +117,54 @@ def paired_t_test(diffs: Sequence[float]) -> dict:
     return {"n": n, "mean": mean, "se": se, "t": t, "p": t_two_sided_p(t, n - 1)}
 
 
-def t_critical(df: int, confidence: float = 0.95) -> float:
-    """The t value with P(|T| >= t) = 1 - confidence for `df` degrees of freedom (bisection on
-    `t_two_sided_p`): 12.706 for df = 1, 2.365 for df = 7 at 95 %."""
-    lo, hi = 0.0, 1e4
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 1 - confidence else (lo, mid)
-    return (lo + hi) / 2
-
-
-def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, int]:
-    """(mean, half-width of its `confidence` t-interval, n) of the finite `values`: the book's
-    one uncertainty (NaN half-width below two values)."""
-    v = np.asarray([x for x in values if x == x], dtype=float)
-    n = int(v.size)
-    if n == 0:
-        return float("nan"), float("nan"), 0
-    if n < 2:
-        return float(v.mean()), float("nan"), n
-    return float(v.mean()), float(t_critical(n - 1, confidence) * v.std(ddof=1) / math.sqrt(n)), n
-
-
 def one_sample_t_test(values: Sequence[float], target: float = 0.0) -> dict:
-    """The t-test of the mean of `values` (one per independent unit: a seed, a run) against
-    `target`: n, mean, standard error, t and the two-sided p (NaN below two values)."""
-    return paired_t_test([x - target for x in values if x == x]) | {
-        "mean": float(np.mean([x for x in values if x == x])) if any(x == x for x in values) else float("nan")}
+    """The t-test of the mean of `values` (one per independent unit) against `target`."""
+    v = _finite(values)
+    return paired_t_test(v - target) | {"mean": float(v.mean()) if v.size else float("nan")}
+
+
+def bootstrap_means(values: Sequence[float], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> np.ndarray:
+    """The means of `draws` resamples (with replacement, over the units) of the finite `values`;
+    a fixed seed, so the same values give the same interval on every machine."""
+    v = _finite(values)
+    rng = np.random.default_rng(seed)
+    return v[rng.integers(0, v.size, size=(draws, v.size))].mean(axis=1)
+
+
+def estimate(values: Sequence[float], scale: str = "mean", target: float = 0.0,
+             confidence: float = 0.95) -> dict[str, float]:
+    """The estimate of `values` (one per independent unit) on `scale` (see the module docstring):
+    {"estimate", "ci_low", "ci_high", "n", "p"}, p being the two-sided test against `target`
+    (on the scale's own terms: for "log_ratio" the values are ratios and `target` a change, so
+    0.0 tests a ratio of 1). NaN interval below two units, NaN p where no test is possible."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    v = _finite(values)
+    n = int(v.size)
+    nan = float("nan")
+    if n == 0:
+        return {"estimate": nan, "ci_low": nan, "ci_high": nan, "n": 0, "p": nan}
+    if scale == "log_ratio":
+        if (v <= 0).any():
+            raise ValueError(f"a log ratio needs positive ratios, got {v[v <= 0].tolist()}")
+        logs = np.log(v)
+        mean, half, _ = mean_ci(logs, confidence)
+        p = one_sample_t_test(logs, math.log1p(target))["p"] if n >= 2 else nan
+        return {"estimate": math.expm1(mean), "ci_low": math.expm1(mean - half), "ci_high": math.expm1(mean + half),
+                "n": n, "p": p}
+    if scale == "bootstrap":
+        mean = float(v.mean())
+        if n < 2:
+            return {"estimate": mean, "ci_low": nan, "ci_high": nan, "n": n, "p": nan}
+        means = bootstrap_means(v)
+        lo, hi = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+        below = float(np.mean(means <= target))
+        above = float(np.mean(means >= target))
+        return {"estimate": mean, "ci_low": float(lo), "ci_high": float(hi), "n": n,
+                "p": min(1.0, 2 * min(below, above))}
+    mean, half, _ = mean_ci(v, confidence)
+    return {"estimate": mean, "ci_low": mean - half, "ci_high": mean + half, "n": n,
+            "p": one_sample_t_test(v, target)["p"] if n >= 2 else nan}
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -153,5 +178,3 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, v * (m - rank)))
         out[i] = running
     return out
-
-

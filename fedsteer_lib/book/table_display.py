@@ -14,10 +14,11 @@ import numpy as np
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-__all__ = ["readable_value", "readable_table", "fmt_acc", "fmt_pct", "fmt_p",
-           "fmt_interval", "MISSING"]
+__all__ = ["readable_value", "readable_table", "fmt_acc", "fmt_num", "fmt_pct", "fmt_p",
+           "fmt_interval", "MISSING", "MINUS"]
 
 MISSING = "—"
+MINUS = "−"  # U+2212: the one minus sign of every number the book prints
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
@@ -30,7 +31,7 @@ def readable_value(value: Any, digits: int = 3) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
     if isinstance(value, Integral):
-        return f"{int(value):,}"
+        return f"{int(value):,}".replace("-", MINUS)
     if not isinstance(value, Real):
         return MISSING if value is pd.NA or value is pd.NaT else str(value)
     v = float(value)
@@ -39,12 +40,12 @@ def readable_value(value: Any, digits: int = 3) -> str:
     exponent = math.floor(math.log10(abs(v)))
     if exponent < -3:
         mantissa = f"{v / 10 ** exponent:.{digits - 1}f}"
-        return f"{mantissa} × 10{str(exponent).translate(_SUPERSCRIPT)}"
+        return f"{mantissa} × 10{str(exponent).translate(_SUPERSCRIPT)}".replace("-", MINUS)
     decimals = max(0, digits - 1 - exponent)
     text = f"{v:,.{decimals}f}"
     if decimals and abs(float(text.replace(",", "")) - v) <= 1e-6 * abs(v):  # an exact value (a setting such as 0.9): no padding zeros
         text = text.rstrip("0").rstrip(".")
-    return text
+    return text.replace("-", MINUS)
 
 
 def _missing(x: Any) -> bool:
@@ -54,6 +55,12 @@ def _missing(x: Any) -> bool:
 def fmt_acc(x: Any) -> str:
     """An accuracy (or any number in [0, 1] read as one): 0.84 -> "0.840"."""
     return MISSING if _missing(x) else f"{float(x):.3f}"
+
+
+def fmt_num(x: Any, digits: int = 3) -> str:
+    """Any other number (a cosine, a difference of cosines): `digits` decimals and a true minus
+    sign, -0.0192 -> "−0.019"."""
+    return MISSING if _missing(x) else f"{float(x):.{digits}f}".replace("-", MINUS)
 
 
 def fmt_pct(x: Any, signed: bool = True) -> str:
@@ -72,11 +79,11 @@ def fmt_p(p: Any) -> str:
 
 
 def fmt_interval(lo: Any, hi: Any, pct: bool = True) -> str:
-    """A 95 % interval: "[−3.4 %, +5.8 %]" (pct) or "[0.812, 0.845]"; "—" when not defined."""
+    """An interval: "[−3.4 %, +5.8 %]" (pct) or "[−0.031, 0.812]" (`fmt_num`); "—" when not defined."""
     if _missing(lo) or _missing(hi):
         return MISSING
-    f = fmt_pct if pct else fmt_acc
-    return f"[{f(lo)}, {f(hi)}]".replace("-", "−")
+    f = fmt_pct if pct else fmt_num
+    return f"[{f(lo)}, {f(hi)}]"
 
 
 def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False, uuid: str | None = None) -> Styler:

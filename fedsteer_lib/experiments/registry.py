@@ -74,8 +74,10 @@ class MethodInfo:
         return {k: p.default for k, p in self.params.items()}
 
 
-# In the book's order. One colour per method for the whole book, from the Okabe-Ito palette
-# (safe for the common colour-vision deficiencies); FedSteer is always vermillion.
+# In the book's order. One colour per method for the whole book, each in a hue family of its own
+# (vermillion, blue, teal, green, gold, olive, pink, purple; full participation black), so that
+# no two methods are told apart by shade alone; FedSteer is always vermillion. Grey is no
+# method's: the schematics draw in greys (`book.figures.style.SCHEMATIC`).
 METHODS: dict[str, MethodInfo] = {m.name: m for m in [
     MethodInfo("full", FullParticipation, "Full participation", "#000000",
                summary="every client every round (the upper bound)"),
@@ -86,18 +88,18 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in [
         summary="corrective projections onto the core set's subspace (Eq. 4)"),
     MethodInfo("fedavg", FedAvg, "FedAvg", "#0072B2",
                summary="normalised average of the active clients (the tables' FedAvg)"),
-    MethodInfo("fedavg_unbiased", FedAvgUnbiased, "FedAvg (unbiased)", "#56B4E9",
+    MethodInfo("fedavg_unbiased", FedAvgUnbiased, "FedAvg (unbiased)", "#44AA99",
                summary="sum over the active clients of d_i / p_i g_i"),
-    MethodInfo("fedvarp", FedVARP, "FedVARP", "#009E73", {"warmup_cycles": _int(0)},
+    MethodInfo("fedvarp", FedVARP, "FedVARP", "#228833", {"warmup_cycles": _int(0)},
                summary="SAGA-like control variate from every client's last update; warm-up > 0: fair start"),
-    MethodInfo("fedstale", FedStale, "FedStale", "#E69F00", {"beta": _real(0.7, 0.0, 1.0)},
+    MethodInfo("fedstale", FedStale, "FedStale", "#B8A000", {"beta": _real(0.7, 0.0, 1.0)},
                summary="FedVARP with the stale part down-weighted by beta"),
     MethodInfo("mifa", MIFA, "MIFA", "#CC79A7",
                {"warmup_cycles": _int(0), "start": _one_of(MIFA_STARTS, "zero", late=True)},
                summary="average of every client's last update; start=wait_all: MIFA's fdu.py"),
-    MethodInfo("scaffold", Scaffold, "SCAFFOLD", "#5F5F5F", {"weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
+    MethodInfo("scaffold", Scaffold, "SCAFFOLD", "#6A3D9A", {"weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
                summary="control variates c, c_i correct the local steps"),
-    MethodInfo("fedprox", FedProx, "FedProx", "#8C6D31",
+    MethodInfo("fedprox", FedProx, "FedProx", "#6B8E23",
                {"mu": _real(0.1), "weighting": _one_of(WEIGHTINGS, "normalized", late=True)},
                summary="proximal term (mu/2)||w - w_t||^2 in the local objective"),
 ]}

@@ -1,7 +1,7 @@
-"""What the book's figures share: colours (one per client group, the weak rare-label clients, those
-the paper worries about, in a strong red; one per kind of estimate) and the size of a figure in the
-book's column (`COLUMN_WIDTH` inches wide, every text at least `MIN_FONT` points), with colour
-limits that a few outliers do not set."""
+"""What the book's figures share: how a method is drawn (`method_style`, from the registry), the
+schematics' own neutral colours (`SCHEMATIC`: greys and line styles, no method's colour), the
+client groups' colours, and the size of a figure in the book's column (`COLUMN_WIDTH` inches
+wide, every text at least `MIN_FONT` points), with colour limits that a few outliers do not set."""
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -11,18 +11,23 @@ import numpy as np
 import seaborn as sns
 from matplotlib.text import Text
 
-__all__ = ["CB", "RED", "GROUP_COLOURS", "KIND_COLOURS", "COLUMN_WIDTH", "MIN_FONT", "column_figure",
-           "fit_to_column", "symmetric_limit", "highlight_colours", "method_style", "label_line_ends",
-           "colorbar"]
+__all__ = ["CB", "RED", "GROUP_COLOURS", "SCHEMATIC", "KIND_COLOURS", "COLUMN_WIDTH", "MIN_FONT", "column_figure",
+           "fit_to_column", "symmetric_limit", "method_style", "label_line_ends", "colorbar"]
 
 CB = sns.color_palette("colorblind", 8)
 RED = (0.80, 0.10, 0.10)
 # weak/rare (the clients the paper worries about) in a strong red, the others muted
 GROUP_COLOURS = {"weak/common": CB[0], "weak/rare": RED, "powerful/common": CB[2], "powerful/rare": CB[4]}
-KIND_COLOURS = {"stale h_i": CB[7], "steered Q_t s_i": RED, "difference": CB[0]}
-# the methods a results figure highlights: FedSteer's variants in shades of red, FedAvg in blue,
-# the best baseline in green (every other method is drawn muted)
-_FEDSTEER_SHADES = (RED, (0.95, 0.45, 0.35), (0.55, 0.05, 0.05))
+# The schematics (Figs. 1, 5, 8) and the figures of estimates draw in these neutral greys, one
+# convention for the whole book: a client's true update solid near-black, its steered estimate
+# Q_t s_i dash-dotted dark grey, its stale update h_i dashed light grey, the core set's updates
+# thin pale grey (black itself is full participation's).
+SCHEMATIC = {"true update g_i": {"color": "#262626", "linestyle": "-"},
+             "steered Q_t s_i": {"color": "#5E5E5E", "linestyle": "-."},
+             "stale h_i": {"color": "#A0A0A0", "linestyle": "--"},
+             "core-set update": {"color": "#C8C8C8", "linestyle": "-"}}
+KIND_COLOURS = {"stale h_i": SCHEMATIC["stale h_i"]["color"], "steered Q_t s_i": SCHEMATIC["steered Q_t s_i"]["color"],
+                "difference": SCHEMATIC["true update g_i"]["color"]}
 
 COLUMN_WIDTH = 6.4  # inches: the book's text column (about 690 px)
 # points: the smallest text a figure may show; 9 pt as displayed once a COLUMN_WIDTH figure at the
@@ -54,21 +59,6 @@ def fit_to_column(fig: plt.Figure) -> plt.Figure:
         if text.get_fontsize() < MIN_FONT:
             text.set_fontsize(MIN_FONT)
     return fig
-
-
-def highlight_colours(keys: Sequence[str], best: str | None = None) -> dict[str, tuple]:
-    """Colours of the methods a figure draws in colour, by label or Table 1 role: every key that
-    starts with 'fedsteer' in a shade of red (in the order given), 'fedavg' in blue and `best` (the
-    best baseline) in green. The other keys are not in the result: the figure draws them muted."""
-    out: dict[str, tuple] = {}
-    for key in keys:
-        if key.startswith("fedsteer"):
-            out[key] = _FEDSTEER_SHADES[sum(k.startswith("fedsteer") for k in out) % len(_FEDSTEER_SHADES)]
-        elif key == "fedavg":
-            out[key] = CB[0]
-        elif key == best:
-            out[key] = CB[2]
-    return out
 
 
 def symmetric_limit(values: Iterable[float] | np.ndarray, percentile: float = 98.0) -> float:
