@@ -30,7 +30,7 @@ BROWSER_PRESENT = "test_chromium_is_installed"
 # Files that run as one unit on one worker, in collection order (see the module docstring).
 SHARED_UNITS = {
     **{name: "chapters sharing Table 1's runs" for name in (
-        "06_main_results.ipynb", "07_ablations.ipynb", "09_baseline_conventions.ipynb", "10_reproduction_report.ipynb")},
+        "06_main_results.ipynb", "07_ablations.ipynb", "A_baseline_conventions.ipynb", "09_reproduction_report.ipynb")},
     # Each starts local Ray clusters (Flower's simulation runs on Ray): one at a time.
     **{name: "tests that start Ray" for name in ("test_flower.py", "test_ray_executor.py")},
 }
