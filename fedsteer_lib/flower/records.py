@@ -1,4 +1,4 @@
-"""Flower's records and the flat vectors the server strategies compute on; the checkpoint file.
+"""Flower's records and the flat vectors the server strategies compute on.
 
 A model travels as an `ArrayRecord` (any PyTorch model: `ArrayRecord(model.state_dict())`).
 The server strategies (`fedsteer_lib.strategy`) compute on one flat float32 vector w of length
@@ -8,16 +8,14 @@ server keeps the values of the model it started from and sends them unchanged.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
-__all__ = ["Layout", "save_checkpoint", "load_checkpoint"]
+__all__ = ["Layout"]
 
 
 @dataclass(frozen=True)
@@ -51,8 +49,16 @@ class Layout:
         return None
 
     def flat(self, record: ArrayRecord) -> torch.Tensor:
-        """w: the floating-point arrays of `record`, flattened in this layout's order (float32)."""
-        parts = [record[self.keys[j]].numpy().astype(np.float32, copy=False).reshape(-1) for j in self._floating()]
+        """w: the floating-point arrays of `record`, flattened in this layout's order (float32).
+        Raises ValueError when an array's data is not of its layout's shape (a record's shape
+        field and its data can disagree in a record someone crafted)."""
+        parts = []
+        for j in self._floating():
+            array = np.asarray(record[self.keys[j]].numpy())
+            if tuple(array.shape) != self.shapes[j]:
+                raise ValueError(f"array {self.keys[j]!r} holds data of shape {tuple(array.shape)}, "
+                                 f"expected {self.shapes[j]}")
+            parts.append(array.astype(np.float32, copy=False).reshape(-1))
         return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, np.float32))
 
     def record(self, flat: torch.Tensor, fixed: ArrayRecord | None) -> ArrayRecord:
@@ -69,27 +75,31 @@ class Layout:
                 arrays[key] = Array(fixed[key].numpy())
         return ArrayRecord(arrays)
 
+    # --- in a checkpoint: plain lists and strings ---------------------------------------------
+    def to_plain(self) -> dict[str, Any]:
+        return {"keys": list(self.keys), "shapes": [list(s) for s in self.shapes], "dtypes": list(self.dtypes)}
 
-def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    """Write `payload` to `path` atomically: a temporary file in the same folder, flushed to
-    disk, then renamed over `path`, so a reader (or a restart after a kill) sees the previous
-    checkpoint or this one, never a torn file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any]) -> Layout:
+        return cls(tuple(str(k) for k in plain["keys"]), tuple(tuple(int(n) for n in s) for s in plain["shapes"]),
+                   tuple(str(d) for d in plain["dtypes"]))
 
+    def fixed_to_plain(self, fixed: ArrayRecord) -> dict[str, torch.Tensor]:
+        """The arrays that are not floating point (the ones `record` takes from `fixed`), as tensors."""
+        floating = set(self._floating())
+        return {key: torch.from_numpy(np.array(fixed[key].numpy())) for j, key in enumerate(self.keys)
+                if j not in floating}
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """A checkpoint written by `save_checkpoint` (our own file: it holds the strategy's state
-    objects, so it is unpickled in full)."""
-    return torch.load(Path(path), weights_only=False)
+    def fixed_from_plain(self, plain: dict[str, torch.Tensor]) -> ArrayRecord:
+        """`fixed_to_plain`'s arrays back as a record; each must have its layout's shape and dtype."""
+        floating = set(self._floating())
+        wanted = {key: (self.shapes[j], self.dtypes[j]) for j, key in enumerate(self.keys) if j not in floating}
+        if set(plain) != set(wanted):
+            raise ValueError(f"fixed arrays {sorted(plain)}, expected {sorted(wanted)}")
+        arrays = {}
+        for key, (shape, dtype) in wanted.items():
+            array = plain[key].numpy()
+            if tuple(array.shape) != shape or str(array.dtype) != dtype:
+                raise ValueError(f"fixed array {key!r} is {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}")
+            arrays[key] = Array(array)
+        return ArrayRecord(arrays)

@@ -37,11 +37,13 @@ from ..simulator.partition import Federation, participation_schedule
 from ..simulator.training import FlatModel, local_train
 from ..strategy import LocalSpec
 from .records import Layout
-from .strategies import CORRECTION_KEY, STRATEGIES, MethodStrategy
+from .driver import MethodStrategy
+from .exchange import CORRECTION_KEY
+from .methods import STRATEGIES
 
 __all__ = ["engine_client_app", "replay_strategy", "initial_arrays", "flat_names"]
 
-# The Flower names of the registry's parameters where they differ (see strategies.py).
+# The Flower names of the registry's parameters where they differ (see methods.py).
 _FLOWER_NAMES = {"warmup_cycles": "warmup_rounds", "mu": "proximal_mu"}
 
 

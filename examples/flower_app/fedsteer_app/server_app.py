@@ -3,7 +3,10 @@ Flower quickstart has `FedAvg`.
 
 The run config (pyproject.toml's [tool.flwr.app.config], or `flwr run ... --run-config`) names
 the method and its arguments; the strategy's state is checkpointed to `checkpoint-path` and,
-with `resume = true`, a restarted ServerApp continues from it.
+with `resume = true`, a restarted ServerApp continues from it (a checkpoint is plain data:
+loading one cannot run code). The server computes with torch's own kernels; for the book's
+pinned kernels, put `from fedsteer_lib import numerics; numerics.select_kernels("pinned")` first
+in this module (book/flower.md).
 """
 from __future__ import annotations
 
@@ -11,16 +14,18 @@ import inspect
 import json
 from pathlib import Path
 
-import fedsteer_lib.flower as fl  # first: it puts the book's kernel mode in force before torch computes
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
+
+import fedsteer_lib.flower as fl
 
 from fedsteer_app.task import Net, evaluate, normalise, raw_fashion_mnist
 
 app = ServerApp()
 
-COMMON = ("fraction_train", "min_train_nodes", "min_available_nodes", "participation", "server_lr", "seed")
+COMMON = ("fraction_train", "min_train_nodes", "min_available_nodes", "participation", "server_lr", "seed",
+          "max_examples", "min_participation", "max_update_ratio")
 
 
 def build_strategy(run: dict) -> fl.MethodStrategy:
