@@ -8,6 +8,7 @@ it (`Book.runs` for the result tables of chapters 6, 7, 9, 10; `Book.curves` for
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -25,8 +26,15 @@ from ..experiments.seeds import check_seeds
 from ..experiments.sweep import missing, run_grid
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Set to 1, a chapter that would compute a missing run or measurement fails instead (the test that
+# a chapter executed with the paper profile reads committed results only).
+NO_COMPUTE_ENV = "FEDSTEER_NO_COMPUTE"
 
-__all__ = ["REPO_ROOT", "Book", "setup", "results_root"]
+
+class ComputeForbidden(RuntimeError):
+    """A chapter was asked to compute while FEDSTEER_NO_COMPUTE=1."""
+
+__all__ = ["REPO_ROOT", "NO_COMPUTE_ENV", "ComputeForbidden", "Book", "setup", "results_root"]
 
 
 @dataclass
@@ -44,7 +52,12 @@ class Book:
         """Compute the runs whose results are missing (with a progress bar); return the configs."""
         todo = missing(configs, self.root)
         if todo:
-            print(f"{len(configs) - len(todo)} of {len(configs)} runs cached in {self.root.relative_to(REPO_ROOT) if self.root.is_relative_to(REPO_ROOT) else self.root}; computing {len(todo)}")
+            where = self.root.relative_to(REPO_ROOT) if self.root.is_relative_to(REPO_ROOT) else self.root
+            if os.environ.get(NO_COMPUTE_ENV) == "1":
+                raise ComputeForbidden(f"{len(todo)} of {len(configs)} runs of {desc} are not in {where}, and "
+                                       f"{NO_COMPUTE_ENV}=1 forbids computing them")
+            print(f"{len(configs) - len(todo)} of {len(configs)} runs cached in {where}; computing {len(todo)}",
+                  file=sys.stderr)
         run_grid(configs, self.root, workers=self.workers, desc=desc)
         return list(configs)
 

@@ -32,6 +32,7 @@ import torch
 
 from .. import numerics
 from ..experiments.results import provenance
+from .context import NO_COMPUTE_ENV, ComputeForbidden
 
 __all__ = ["measure", "encode", "decode", "MeasurementChanged", "RECOMPUTE_ENV"]
 
@@ -139,6 +140,9 @@ def measure(book, name: str, compute: Callable[[], Any], *, inputs: dict[str, An
             raise ValueError(f"{path}: not the measurement {name!r} with key {key}")
         if os.environ.get(RECOMPUTE_ENV) != "1":
             return decode(stored["value"])
+    elif os.environ.get(NO_COMPUTE_ENV) == "1":
+        raise ComputeForbidden(f"measurement {name!r} is not in {path.parent} (key {key}), and {NO_COMPUTE_ENV}=1 "
+                               "forbids computing it")
     with numerics.kernels_for_run(book.device):  # a run's kernels: pinned measurements keep their bits
         value = encode(compute())
     if stored is not None:

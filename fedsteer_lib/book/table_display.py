@@ -86,13 +86,16 @@ def fmt_interval(lo: Any, hi: Any, pct: bool = True) -> str:
     return f"[{f(lo)}, {f(hi)}]"
 
 
-def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False, uuid: str | None = None) -> Styler:
+def readable_table(table: pd.DataFrame, digits: int = 3, *, index: bool = False, uuid: str | None = None,
+                   caption: str | None = None) -> Styler:
     """A Styler of `table` with every cell through `readable_value`, the index hidden (kept as
-    columns first when `index`), and a fixed `uuid` so that the HTML is the same on every run
-    (nbval compares it)."""
+    columns first when `index`), a fixed `uuid` so that the HTML is the same on every run
+    (nbval compares it), and `caption` above it ("Table 6.1. ...": the book numbers its tables
+    by chapter)."""
     shown = table.reset_index() if index else table
     styler = shown.style.format(lambda v: readable_value(v, digits)).hide(axis="index")
     digest = hashlib.sha1("|".join(map(str, shown.columns)).encode()).hexdigest()[:10]
-    return styler.set_uuid(uuid or f"t{digest}")
+    styler = styler.set_uuid(uuid or f"t{digest}")
+    return styler.set_caption(caption) if caption else styler
 
 
