@@ -8,15 +8,18 @@
 - In-process runs on a small in-process Grid (Flower's Grid interface over a ClientApp called in
   this process): sampling, late joins and departures, and a ServerApp killed (SIGKILL) mid-run and
   resumed from its checkpoint, which must end with the uninterrupted run's model.
-- A deployment on 127.0.0.1 with Flower's commands (a SuperLink, three SuperNodes, `flwr run` on
-  examples/flower_app), one SuperNode killed mid-run: the run completes.
+- A deployment on 127.0.0.1 with Flower's commands, secured with TLS and SuperNode authentication
+  (a SuperLink, three registered SuperNodes, `flwr run` on examples/flower_app): a SuperNode with
+  an unregistered key is refused, and one SuperNode is killed mid-run: the run completes.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -32,6 +35,7 @@ import fedsteer_lib.flower as fl
 from fedsteer_lib.experiments.config import FLSystem, RunConfig, Training, method
 from fedsteer_lib.flower import launch, replay
 from fedsteer_lib.flower.checkpoint import load_checkpoint
+from fedsteer_lib.flower.credentials import CA_CERT, node_key, write_credentials
 from fedsteer_lib.flower.records import Layout
 from fedsteer_lib.simulator import engine
 from flower_local import FLAKY_ROUNDS, LocalGrid, quickstart, quickstart_train, tiny_initial
@@ -350,6 +354,7 @@ DEPLOYMENT_RUN = {"method": "fedsteer", "num-server-rounds": 3, "warmup-rounds":
 
 
 def test_flwr_run_against_a_local_deployment_with_a_node_killed_mid_run(tmp_path):
+    """The secure deployment of the book page: TLS and SuperNode authentication."""
     try:
         launch.free_port()
     except launch.PortsUnavailable as err:
@@ -357,6 +362,21 @@ def test_flwr_run_against_a_local_deployment_with_a_node_killed_mid_run(tmp_path
     run_config = {**DEPLOYMENT_RUN, "out-dir": str(tmp_path / "out"), "partitions-dir": str(tmp_path / "parts"),
                   "checkpoint-path": str(tmp_path / "state.pt")}
     with launch.LocalFederation(tmp_path / "federation", num_nodes=3) as fed:
+        assert "https://127.0.0.1" in fed.log("superlink.log")  # TLS
+        rogue = write_credentials(tmp_path / "rogue", 1)  # a key the SuperLink was never told of
+        with open(tmp_path / "rogue.log", "w") as out:  # a file, not a pipe: its SuperExec child outlives it
+            rogue_node = subprocess.Popen(["flower-supernode", "--root-certificates", str(fed.folder / CA_CERT),
+                                           "--auth-supernode-private-key", str(rogue / node_key(0)), "--superlink",
+                                           f"127.0.0.1:{fed.port}", "--port", str(launch.free_port()),
+                                           "--max-retries", "1"], env=fed.env, cwd=tmp_path, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            refused = rogue_node.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(rogue_node.pid, signal.SIGKILL)
+        said = (tmp_path / "rogue.log").read_text()
+        assert refused != 0 and "Failed to activate SuperNode" in said, said  # not registered: not admitted
         run = fed.start_run(APP, run_config)
         deadline = time.monotonic() + 300
         while not (tmp_path / "state.pt").exists() or load_checkpoint(tmp_path / "state.pt")["round"] < 2:
@@ -369,7 +389,8 @@ def test_flwr_run_against_a_local_deployment_with_a_node_killed_mid_run(tmp_path
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["rounds"] == 3, fed.log()[-3000:]  # the run completed
     rounds = summary["round_log"]
-    assert all(killed in e["replied"] for e in rounds[:2]), rounds  # it trained before it was killed ...
+    why = [(e["round"], e["failed"]) for e in rounds]
+    assert all(killed in e["replied"] for e in rounds[:2]), why  # it trained before it was killed ...
     assert str(killed) in rounds[2]["failed"] and rounds[2]["replied"], rounds  # ... then was inactive
     final = torch.load(tmp_path / "out" / "final_model.pt")
     assert final["fc2.bias"].abs().sum() > 0 and all(bool(torch.isfinite(v).all()) for v in final.values())
@@ -382,6 +403,10 @@ def test_the_book_page_shows_the_deployment_commands_the_test_runs():
     sim_section = sim_connection.split("\n\n", 1)[1]  # [superlink.local-simulation] and its keys
     for line in [*lines, *connection.splitlines(), *sim_lines, *sim_section.splitlines()]:
         assert line in page, f"book/flower.md lacks the line: {line}"
+    assert not any("insecure" in line for line in [*lines, *connection.splitlines()])  # the deployment is secure
+    for section in re.split(r"\n(?=#)", page):  # --insecure only under a heading that says local only
+        if "insecure" in section:
+            assert "local only" in section.splitlines()[0], section.splitlines()[0]
     included = re.findall(r"```\{literalinclude\} (\S+)", page)
     assert (ROOT / "book" / "../examples/flower_app/fedsteer_app/server_app.py").resolve() in \
         [(ROOT / "book" / p).resolve() for p in included]

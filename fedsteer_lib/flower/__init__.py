@@ -7,8 +7,8 @@
 `methods` holds the classes; `driver` the rounds they share (the warm-up, checkpoints, Flower's
 loop), `exchange` the nodes (participation, sampling, messages) and `replies` the checks a reply
 must pass; `checkpoint` and `persist` the checkpoint file (plain data: loading one cannot run
-code), `records` the model layout. `launch` starts a local federation; `replay` is the harness
-that checks a Flower run against our
+code), `records` the model layout. `launch` and `credentials` start a local federation (TLS and
+SuperNode authentication); `replay` is the harness that checks a Flower run against our
 simulator. Importing this package, building a strategy and running it change nothing global in
 the process (see `driver` for the kernels).
 """

@@ -1,9 +1,15 @@
 """A local Flower federation on 127.0.0.1, started with Flower's own commands (flwr 1.42).
 
-Deployment: a SuperLink, `num_nodes` SuperNodes (node `partition-id` i of `num-partitions`
-n), then `flwr run <app> <connection> --stream`, which submits the app to the SuperLink and
-streams its logs until the run ends; each TRAIN message starts a ClientApp process on its
-node. Simulation: a SuperLink in simulation mode, then the same `flwr run`, with
+Deployment, secure as Flower documents it: `credentials.write_credentials` makes a CA, the
+SuperLink's TLS certificate and one key pair per SuperNode; the SuperLink serves TLS
+(`--ssl-ca-certfile`, `--ssl-certfile`, `--ssl-keyfile`) and admits registered SuperNodes only
+(`--enable-supernode-auth`); each node's public key is registered with `flwr supernode
+register`; each SuperNode (`partition-id` i of `num-partitions` n) trusts the CA
+(`--root-certificates`) and signs in with its private key (`--auth-supernode-private-key`);
+then `flwr run <app> <connection> --stream` submits the app over TLS (the connection's
+`root-certificates`) and streams its logs until the run ends; each TRAIN message starts a
+ClientApp process on its node. Simulation, local only: a SuperLink in simulation mode with
+`--insecure` on 127.0.0.1 (nothing leaves this machine), then the same `flwr run` with
 `num-supernodes` simulated nodes (Ray). Flower's CLI finds the SuperLink through the connection
 in `$FLWR_HOME/config.toml`, which this module writes into its own folder.
 
@@ -23,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from .credentials import CA_CERT, SERVER_CERT, SERVER_KEY, node_key, write_credentials
 
 __all__ = ["LocalFederation", "PortsUnavailable", "free_port", "shell_commands", "run_config_arg"]
 
@@ -53,14 +61,27 @@ def run_config_arg(run_config: dict[str, Any]) -> str:
     return " ".join(f"{k}={toml(v)}" for k, v in run_config.items())
 
 
-def _superlink(port: int, simulation: bool) -> list[str]:
-    return ["flower-superlink", "--insecure", *(["--simulation"] if simulation else []),
+def _superlink(port: int, simulation: bool, secure: bool) -> list[str]:
+    security = (["--ssl-ca-certfile", CA_CERT, "--ssl-certfile", SERVER_CERT, "--ssl-keyfile", SERVER_KEY,
+                 "--enable-supernode-auth"] if secure else ["--insecure"])
+    return ["flower-superlink", *security, *(["--simulation"] if simulation else []),
             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
 
 
-def _supernode(link_port: int, node_port: int, partition: int, num_nodes: int, extra: str = "") -> list[str]:
+def _credentials(num_nodes: int) -> list[str]:
+    return ["python", "-m", "fedsteer_lib.flower.credentials", "--nodes", str(num_nodes)]
+
+
+def _register(partition: int, connection: str) -> list[str]:
+    return ["flwr", "supernode", "register", f"{node_key(partition)}.pub", connection]
+
+
+def _supernode(link_port: int, node_port: int, partition: int, num_nodes: int, extra: str = "",
+               secure: bool = True) -> list[str]:
     config = f"partition-id={partition} num-partitions={num_nodes}" + (f" {extra}" if extra else "")
-    return ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link_port}", "--port", str(node_port),
+    security = (["--root-certificates", CA_CERT, "--auth-supernode-private-key", node_key(partition)] if secure
+                else ["--insecure"])
+    return ["flower-supernode", *security, "--superlink", f"127.0.0.1:{link_port}", "--port", str(node_port),
             "--node-config", config]
 
 
@@ -73,35 +94,43 @@ def _flwr_run(app: str, connection: str, run_config: dict[str, Any], simulation_
     return cmd
 
 
-def _connections(port: int, connection: str) -> str:
+def _connections(port: int, connection: str, root_certificates: str | None) -> str:
+    """The connection: TLS with `root-certificates` (Flower wants an absolute path), else insecure."""
+    security = f'root-certificates = "{root_certificates}"\n' if root_certificates else "insecure = true\n"
     return (f'[superlink]\ndefault = "{connection}"\n\n[superlink.{connection}]\n'
-            f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+            f'address = "127.0.0.1:{port}"\n' + security)
 
 
 def shell_commands(app: str = "examples/flower_app", num_nodes: int = 3, link_port: int = 9093,
                    node_ports: int = 9101, run_config: dict[str, Any] | None = None,
-                   simulation: bool = False) -> tuple[list[str], str]:
-    """What `LocalFederation` runs, with fixed ports: the shell lines, and the connection that
-    `$FLWR_HOME/config.toml` (by default ~/.flwr/config.toml) must hold."""
-    connection = SIM_CONNECTION if simulation else CONNECTION
-    lines = [shlex.join(_superlink(link_port, simulation)) + " &"]
-    if not simulation:
+                   simulation: bool = False, folder: str = "/path/to/fedsteer-book") -> tuple[list[str], str]:
+    """What `LocalFederation` runs, with fixed ports, from `folder` (where the credentials are
+    written): the shell lines, and the connection that `$FLWR_HOME/config.toml` (by default
+    ~/.flwr/config.toml) must hold. A deployment is secure (TLS and SuperNode authentication),
+    a simulation local only (`--insecure`)."""
+    connection, secure = (SIM_CONNECTION, False) if simulation else (CONNECTION, True)
+    if simulation:
+        lines = [shlex.join(_superlink(link_port, True, False)) + " &"]
+    else:
+        lines = [shlex.join(_credentials(num_nodes)), shlex.join(_superlink(link_port, False, True)) + " &"]
+        lines += [shlex.join(_register(i, connection)) for i in range(num_nodes)]
         lines += [shlex.join(_supernode(link_port, node_ports + i, i, num_nodes)) + " &" for i in range(num_nodes)]
     lines.append(shlex.join(_flwr_run(app, connection, run_config or {}, num_nodes if simulation else 0)))
-    return lines, _connections(link_port, connection)
+    return lines, _connections(link_port, connection, f"{folder}/{CA_CERT}" if secure else None)
 
 
 class LocalFederation:
     """Start with `with LocalFederation(folder, num_nodes=3) as fed: fed.run(app, {...})`.
 
-    folder: where the federation keeps its FLWR_HOME, logs and state. simulation: a simulation
-    SuperLink and no SuperNodes. node_config: extra node config per node (e.g.
-    "participation-prob=0.5"). Every process it starts is stopped on exit, by its id."""
+    folder: where the federation keeps its FLWR_HOME, credentials, logs and state. simulation: a
+    simulation SuperLink and no SuperNodes, local only (`--insecure`). node_config: extra node
+    config per node (e.g. "participation-prob=0.5"). A deployment is secure (TLS and SuperNode
+    authentication, see the module docstring). Every process it starts is stopped on exit, by its id."""
 
     def __init__(self, folder: str | Path, num_nodes: int, simulation: bool = False,
                  node_config: list[str] | None = None, startup_timeout: float = 120.0) -> None:
-        self.folder = Path(folder)
-        self.num_nodes, self.simulation = num_nodes, simulation
+        self.folder = Path(folder).resolve()
+        self.num_nodes, self.simulation, self.secure = num_nodes, simulation, not simulation
         self.node_config = node_config or [""] * num_nodes
         self.startup_timeout = startup_timeout
         self.link: subprocess.Popen | None = None
@@ -139,19 +168,33 @@ class LocalFederation:
 
     def __enter__(self) -> LocalFederation:
         (self.folder / "flwr-home").mkdir(parents=True, exist_ok=True)
-        (self.folder / "flwr-home" / "config.toml").write_text(_connections(self.port, self.connection))
+        if self.secure:
+            write_credentials(self.folder, self.num_nodes)
+        root = str(self.folder / CA_CERT) if self.secure else None
+        (self.folder / "flwr-home" / "config.toml").write_text(_connections(self.port, self.connection, root))
         try:
-            self.link = self._start(_superlink(self.port, self.simulation), "superlink.log")
+            self.link = self._start(_superlink(self.port, self.simulation, self.secure), "superlink.log")
             self._wait_for_port(self.port, self.link, "the SuperLink")
+            for i in range(len(self.node_ports) if self.secure else 0):
+                self._register(i)
             for i, node_port in enumerate(self.node_ports):
-                self.nodes.append(self._start(_supernode(self.port, node_port, i, self.num_nodes, self.node_config[i]),
-                                              f"supernode-{i}.log"))
+                cmd = _supernode(self.port, node_port, i, self.num_nodes, self.node_config[i], self.secure)
+                self.nodes.append(self._start(cmd, f"supernode-{i}.log"))
             for i, node_port in enumerate(self.node_ports):
                 self._wait_for_port(node_port, self.nodes[i], f"SuperNode {i}")
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _register(self, partition: int) -> None:
+        """`flwr supernode register`: SuperNode `partition`'s public key, so that the SuperLink admits it."""
+        done = subprocess.run(_register(partition, self.connection), env=self.env, cwd=self.folder,
+                              capture_output=True, text=True, timeout=self.startup_timeout)
+        (self.folder / f"register-{partition}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr supernode register failed for SuperNode {partition} (exit code "
+                               f"{done.returncode}); see {self.folder / f'register-{partition}.log'}")
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
