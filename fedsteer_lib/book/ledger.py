@@ -270,7 +270,7 @@ def display(rows: pd.DataFrame, links: bool = True) -> "pd.io.formats.style.Styl
     shown = pd.DataFrame({
         "claim": rows["claim"], "paper (§)": [f"{p} ({s})" for p, s in zip(rows["paper"], rows["source"])],
         "setting": rows["setting"], "ours": [ours(r) for _, r in rows.iterrows()],
-        "p (Holm)": [fmt_p(p) for p in rows["p_holm"]], "verdict": rows["verdict"]})
+        "p (Holm)": [fmt_p(p, prefix=False) for p in rows["p_holm"]], "verdict": rows["verdict"]})
     if links:
         shown["evidence"] = [f'<a href="{e}.html">{CHAPTER_NAMES.get(e, e)}</a>' for e in rows["evidence"]]
     return readable_table(shown)

@@ -71,11 +71,13 @@ def fmt_pct(x: Any, signed: bool = True) -> str:
     return (f"{100 * float(x):+.1f} %" if signed else f"{100 * float(x):.1f} %").replace("-", "−")
 
 
-def fmt_p(p: Any) -> str:
-    """A p-value: "p < 0.001", "p = 0.034", "—" when there is no test."""
+def fmt_p(p: Any, prefix: bool = True) -> str:
+    """A p-value: "p = 0.034" / "p < 0.001" in prose; in a column headed p (`prefix=False`),
+    "0.034" / "< 0.001"; "—" when there is no test."""
     if _missing(p):
         return MISSING
-    return "p < 0.001" if p < 0.001 else f"p = {float(p):.3f}"
+    text = "< 0.001" if p < 0.001 else f"{float(p):.3f}"
+    return (f"p {text}" if text.startswith("<") else f"p = {text}") if prefix else text
 
 
 def fmt_interval(lo: Any, hi: Any, pct: bool = True) -> str:
