@@ -25,14 +25,15 @@ LIB       := $(shell find fedsteer_lib -name "*.py")
 MATHJAX   := book/_static/mathjax/tex-chtml.js
 FMNIST_STAMP := data/.fmnist-ok
 
-.PHONY: help setup venv data system-packages doctor book test lab reproduce book-html clean gpu-data generated
+.PHONY: help setup venv data system-packages doctor book test lab lab-settings reproduce book-html clean gpu-data generated
 
 help:
 	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
 	@echo "                (SEEDS=0,1 renders from those seeds only, e.g. while a sweep is still running)"
 	@echo "make test       set up, then unit tests, nbval over every notebook, book build and browser check"
-	@echo "make lab        JupyterLab on notebooks/, opened on reading copies of the executed chapters"
-	@echo "                (as-in-the-book/: numbers, citations and links as the book shows them)"
+	@echo "make lab        JupyterLab on notebooks/, opened on an index of the chapters and their reading"
+	@echo "                copies (as-in-the-book/: numbers, citations and links as the book shows them);"
+	@echo "                PORT=8899 picks the port, ARGS=\"--no-browser\" passes options to jupyter lab"
 	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
 	@echo "make doctor     one line per prerequisite (ok / missing) with the command that fixes it"
 
@@ -111,23 +112,35 @@ test: setup system-packages
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
 		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 
-# JupyterLab on notebooks/ (the chapters to edit and rerun), opened on reading copies of the
-# book's executed chapters in notebooks/as-in-the-book/ (tools/lab.py): there the
-# glued numbers, citations and cross-references read as in the book. JupyterLab refuses to run as
-# root unless told, so --allow-root is passed then (and only then). tests/test_lab.py runs this line.
-LAB_COPIES := notebooks/as-in-the-book
-LAB_ARGS   := $(if $(filter 0,$(shell id -u)),--allow-root) --ServerApp.root_dir=notebooks \
-	--LabApp.default_url=/lab/tree/as-in-the-book
-lab: setup $(CHAPTERS)
-	$(PY) -m tools.lab $(LAB_COPIES) $(CHAPTERS)
+# JupyterLab on notebooks/ (the chapters to edit and rerun), opened on notebooks/index.ipynb: the
+# chapters in the book's order, each with its reading copy in notebooks/as-in-the-book/, and the
+# rerun, numerics and Flower pages (tools/lab.py). In a copy the glued numbers, citations and
+# cross-references read as in the book. JupyterLab refuses to run as root unless told, so
+# --allow-root is passed then (and only then). Jupyter's news prompt is off: LAB_SETTINGS holds
+# tools/lab_overrides.json (fetchNews "false"), JupyterLab's overrides of its defaults in .venv.
+# PORT=8899 serves on that port; ARGS="--no-browser ..." is passed on to `jupyter lab`.
+# tests/test_lab.py runs this line.
+PORT ?=
+ARGS ?=
+LAB_COPIES   := notebooks/as-in-the-book
+LAB_INDEX    := notebooks/index.ipynb
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+LAB_ARGS     := $(if $(filter 0,$(shell id -u)),--allow-root) --ServerApp.root_dir=notebooks \
+	--LabApp.default_url=/lab/tree/index.ipynb $(if $(PORT),--ServerApp.port=$(PORT)) $(ARGS)
+lab: setup $(CHAPTERS) $(LAB_SETTINGS)
+	$(PY) -m tools.lab notebooks $(CHAPTERS)
 	$(VENV)/bin/jupyter lab $(LAB_ARGS)
+
+lab-settings: $(LAB_SETTINGS)
+$(LAB_SETTINGS): tools/lab_overrides.json
+	mkdir -p $(@D) && cp $< $@
 
 reproduce: setup
 	$(PY) -m fedsteer_lib sweep --profile paper --dataset fmnist --what all --workers $(WORKERS)
 	$(MAKE) --no-print-directory book
 
 clean:
-	rm -rf _build book/chapters $(LAB_COPIES)
+	rm -rf _build book/chapters $(LAB_COPIES) $(LAB_INDEX)
 
 # For a session lent a GPU (bench/gpu_session.sh): the data travels with the working tree.
 gpu-data: $(FMNIST_STAMP)

@@ -6,5 +6,6 @@ library: nothing in `fedsteer_lib` imports it). Run from the repository root, e.
 | --- | --- |
 | `executed_notebooks` | `make book`: papermill's injected parameters cell hidden on the page |
 | `generated`, `provenance`, `precision_report` | `make book`: the rerun page's generated tables in `book/_generated/` (runtime, verify, numerics cost, bf16 against fp32, the claims ledger) |
-| `lab` | `make lab`: reading copies of the executed chapters for JupyterLab |
+| `lab`, `reading_copy` | `make lab`: its index and the reading copies of the executed chapters and of the rerun, numerics and Flower pages; a book page's MyST as Markdown JupyterLab renders |
+| `lab_overrides.json` | `make lab`: JupyterLab's settings that differ from its defaults (no news prompt) |
 """
