@@ -1,8 +1,12 @@
 """What the Flower tests share: a quickstart-style ClientApp (a small MLP that is none of ours, on
 each node's own synthetic data) and an in-process Grid (Flower's Grid interface over a ClientApp
-called in this process, for runs without Ray). Imports nothing of fedsteer_lib."""
+called in this process, for runs without Ray). Imports nothing of fedsteer_lib, except when run
+as a script: then it prints, as JSON, the environment, torch's thread count and backend flags
+before and after importing fedsteer_lib.flower and running a strategy (tests/test_flower_trust.py)."""
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -130,3 +134,21 @@ class LocalGrid(Grid):
             except Exception as err:  # noqa: BLE001 - Flower turns a ClientApp's exception into an error reply
                 replies.append(Message(Error(code=0, reason=repr(err)), reply_to=msg))
         return replies
+
+
+def _snapshot() -> dict:
+    return {"env": dict(os.environ), "threads": torch.get_num_threads(), "mkldnn": torch.backends.mkldnn.enabled,
+            "nnpack": torch._C._get_nnpack_enabled()}
+
+
+if __name__ == "__main__":
+    import flwr.serverapp.strategy  # noqa: F401 - importing flwr sets GRPC_VERBOSITY: not ours to test
+
+    before = _snapshot()
+    import fedsteer_lib.flower as fl
+
+    imported = _snapshot()
+    strategy = fl.FedSteer(core_size=2, warmup_rounds=1, fraction_evaluate=0.0)
+    strategy.start(LocalGrid(quickstart, 3), tiny_initial(), num_rounds=3)
+    print(json.dumps({"before": before, "imported": imported, "ran": _snapshot(), "rounds": strategy.round,
+                      "capability": torch.backends.cpu.get_cpu_capability()}))

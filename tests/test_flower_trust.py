@@ -191,9 +191,9 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def _checkpoint_run(path: Path, rounds: int = 2, grid: LocalGrid | None = None) -> fl.MethodStrategy:
+def _checkpoint_run(path: Path, rounds: int = 2) -> fl.MethodStrategy:
     s = fl.FedSteer(core_size=2, warmup_rounds=1, fraction_evaluate=0.0)
-    s.start(grid or LocalGrid(client_app(train_tiny), NODES), tiny_initial(), num_rounds=rounds, checkpoint_path=path)
+    s.start(LocalGrid(client_app(train_tiny), NODES), tiny_initial(), num_rounds=rounds, checkpoint_path=path)
     return s
 
 
@@ -351,51 +351,21 @@ def test_flowers_loop_calls_the_hooks_in_the_order_the_checkpoints_rely_on():
     orders its loop otherwise, this fails (re-check driver.MethodStrategy.start)."""
     calls: list[tuple[str, int]] = []
 
-    class Recording(fl.FedAvg):
-        def configure_train(self, server_round, *args):
-            calls.append(("configure_train", server_round))
-            return super().configure_train(server_round, *args)
+    hooks = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate", "evaluate_fn")
 
-        def aggregate_train(self, server_round, *args):
-            calls.append(("aggregate_train", server_round))
-            return super().aggregate_train(server_round, *args)
+    def recorded(hook: str):
+        def call(self, server_round, *args):
+            calls.append((hook, server_round))
+            return getattr(fl.FedAvg, hook)(self, server_round, *args)
+        return call
 
-        def configure_evaluate(self, server_round, *args):
-            calls.append(("configure_evaluate", server_round))
-            return super().configure_evaluate(server_round, *args)
-
-        def aggregate_evaluate(self, server_round, *args):
-            calls.append(("aggregate_evaluate", server_round))
-            return super().aggregate_evaluate(server_round, *args)
-
+    Recording = type("Recording", (fl.FedAvg,), {hook: recorded(hook) for hook in hooks[:4]})
     Recording(fraction_evaluate=0.0).start(LocalGrid(client_app(train_tiny), NODES), tiny_initial(), num_rounds=2,
                                            evaluate_fn=lambda r, arrays: calls.append(("evaluate_fn", r)))
-    hooks = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate", "evaluate_fn")
     assert calls == [("evaluate_fn", 0), *[(hook, r) for r in (1, 2) for hook in hooks]]
 
 
 # --- nothing global changes (issue 56) --------------------------------------------------------------------
-SNAPSHOT = """
-import json, os, sys
-import torch, flwr.app, flwr.serverapp, flwr.clientapp, flwr.serverapp.strategy  # flwr sets GRPC_VERBOSITY
-sys.path.insert(0, {tests!r})
-import flower_local
-
-def snap():
-    return {{"env": dict(os.environ), "threads": torch.get_num_threads(), "mkldnn": torch.backends.mkldnn.enabled,
-            "nnpack": torch._C._get_nnpack_enabled()}}
-
-before = snap()
-import fedsteer_lib.flower as fl
-imported = snap()
-s = fl.FedSteer(core_size=2, warmup_rounds=1, fraction_evaluate=0.0)
-s.start(flower_local.LocalGrid(flower_local.quickstart, 3), flower_local.tiny_initial(), num_rounds=3)
-ran = snap()
-print(json.dumps({{"before": before, "imported": imported, "ran": ran, "rounds": s.round,
-                  "capability": torch.backends.cpu.get_cpu_capability()}}))
-"""
-
-
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "FEDSTEER_KERNELS")}
     env["PYTHONPATH"] = str(ROOT)
@@ -403,9 +373,8 @@ def _clean_env() -> dict[str, str]:
 
 
 def test_importing_and_running_a_strategy_changes_nothing_global():
-    script = SNAPSHOT.format(tests=str(ROOT / "tests"))
-    out = subprocess.run([sys.executable, "-c", script], env=_clean_env(), capture_output=True, text=True,
-                         timeout=600, cwd=ROOT)
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "flower_local.py")], env=_clean_env(),
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["rounds"] == 3
