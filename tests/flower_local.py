@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -141,14 +142,25 @@ def _snapshot() -> dict:
             "nnpack": torch._C._get_nnpack_enabled()}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # argument "pinned": select the pinned kernels first, as book/flower.md says
+    if sys.argv[1:] == ["pinned"]:
+        from fedsteer_lib import numerics
+
+        numerics.select_kernels("pinned")
     import flwr.serverapp.strategy  # noqa: F401 - importing flwr sets GRPC_VERBOSITY: not ours to test
 
     before = _snapshot()
     import fedsteer_lib.flower as fl
 
     imported = _snapshot()
-    strategy = fl.FedSteer(core_size=2, warmup_rounds=1, fraction_evaluate=0.0)
+    strategy, in_step = fl.FedSteer(core_size=2, warmup_rounds=1, fraction_evaluate=0.0), []
+    aggregate = strategy.core.aggregate
+
+    def recorded(*args):  # the thread count and oneDNN flag the server step computes with
+        in_step.append([torch.get_num_threads(), torch.backends.mkldnn.enabled])
+        return aggregate(*args)
+
+    strategy.core.aggregate = recorded
     strategy.start(LocalGrid(quickstart, 3), tiny_initial(), num_rounds=3)
     print(json.dumps({"before": before, "imported": imported, "ran": _snapshot(), "rounds": strategy.round,
-                      "capability": torch.backends.cpu.get_cpu_capability()}))
+                      "in_step": in_step, "capability": torch.backends.cpu.get_cpu_capability()}))

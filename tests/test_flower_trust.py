@@ -1,16 +1,9 @@
-"""The Flower strategies against a careless or hostile user, in-process (issues 58 and 56).
-
-- Checkpoints cannot run code: a checkpoint whose pickle would create a file is refused with one
-  line naming the file, and the file is never created; corrupt, truncated and garbage files give
-  one line naming the file. A failed save leaves no temporary file; a checkpoint path that cannot
-  be written is refused before round 1.
-- One node cannot break a federation: for every method, a node that declares an infinite or
-  absurd `num-examples`, a tiny `participation-prob`, or sends huge weights is inactive (logged
-  with the reason) and the run ends with the model it would have had if that node had raised.
-  A server step that would leave the model non-finite or far away is skipped, never adopted.
-- `num_rounds <= warmup_rounds` is refused; resuming without the core-set nodes is a WARNING.
-- Importing fedsteer_lib.flower and running a strategy change nothing in the process.
-"""
+"""The Flower strategies against a careless or hostile user, in-process (issues 58 and 56):
+checkpoints that cannot run code and fail in one line naming the file; a failed save leaves no
+temporary file, an unwritable checkpoint path is refused before round 1; for every method, one
+node declaring absurd sizes or probabilities or sending huge weights is inactive and changes
+nothing; a ruinous server step is skipped; too few rounds for the warm-up are refused; a resume
+without the core-set nodes warns; importing and running a strategy change nothing global."""
 from __future__ import annotations
 
 import errno
@@ -36,10 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NODES, ROUNDS, HOSTILE = 4, 4, 1  # partition HOSTILE misbehaves
 
 METHODS = {  # every method, with a warm-up where it has one
-    "fedavg": (fl.FedAvg, {}), "fedavg_unbiased": (fl.FedAvgUnbiased, {}),
+    "fedavg": (fl.FedAvg, {}), "fedavg_unbiased": (fl.FedAvgUnbiased, {}), "fedprox": (fl.FedProx, dict(proximal_mu=0.01)),
     "fedsteer": (fl.FedSteer, dict(core_size=2, warmup_rounds=1)), "fedvarp": (fl.FedVARP, dict(warmup_rounds=1)),
     "fedstale": (fl.FedStale, dict(beta=0.5)), "mifa": (fl.MIFA, {}), "scaffold": (fl.Scaffold, {}),
-    "fedprox": (fl.FedProx, dict(proximal_mu=0.01)),
 }
 
 
@@ -387,6 +379,19 @@ def test_importing_and_running_a_strategy_changes_nothing_global():
     fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
                            env=_clean_env(), capture_output=True, text=True, timeout=300)
     assert got["capability"] == fresh.stdout.strip()  # torch's own choice for this CPU
+    assert got["in_step"] and all(step == [got["before"]["threads"], got["before"]["mkldnn"]] for step in got["in_step"])
+
+
+def test_the_documented_setting_pins_the_server_step():
+    """`numerics.select_kernels("pinned")` first in the process: the server steps run on one
+    thread with oneDNN off and AVX2 kernels, as the simulator's; nothing else changes after."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "flower_local.py"), "pinned"], env=_clean_env(),
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["capability"] == "AVX2" and got["in_step"] and all(step == [1, False] for step in got["in_step"])
+    assert "computing with torch's own kernels" not in out.stderr
+    assert [got["ran"][k] for k in ("threads", "mkldnn")] == [got["before"][k] for k in ("threads", "mkldnn")]
 
 
 def test_importing_fedsteer_lib_flower_sets_no_mkl_branch():
