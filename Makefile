@@ -19,7 +19,7 @@ WORKERS  ?= 2
 # and the chapters that share runs, whole on one worker.
 TEST_WORKERS ?= 2
 TEST_THREADS := $(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb notebooks/[A-Z]_*.ipynb))
 CHAPTERS  := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(NOTEBOOKS))
 LIB       := $(shell find fedsteer_lib -name "*.py")
 MATHJAX   := book/_static/mathjax/tex-chtml.js

@@ -76,7 +76,7 @@ def note_text(stem: str, times: dict) -> str:
             "**For the book's numbers**, change the parameters cell below to `profile = \"paper\"` and Run All: "
             "the chapter then reads the committed results in `data/results/` and computes nothing. " + cost + "\n\n"
             f"The chapter as the book prints it (numbers, citations and links in place): "
-            f"[as-in-the-book/{copy_name(stem)}](as-in-the-book/{copy_name(stem)}).")
+            f"[as-in-the-book/{copy_name(stem)}](<as-in-the-book/{copy_name(stem)}>).")
 
 
 def _plain(text: str) -> str:
