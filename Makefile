@@ -72,21 +72,18 @@ $(MATHJAX):
 	rm -rf book/_static/mathjax && mkdir -p book/_static
 	cp -r .cache/npm/node_modules/mathjax/es5 book/_static/mathjax
 
-# Each chapter is executed by papermill from its notebook; it loads cached results from
-# data/results and computes only what is missing.
-# Chapters executed with another profile are stale: a profile stamp clears them.
+# Each chapter is executed as a reader would run it: its parameters cell edited to the profile (and
+# SEEDS), nothing injected (tools/notebooks.py execute); it loads the results committed in
+# data/results and computes only what is missing. Chapters executed with another profile are
+# stale: a profile stamp clears them.
 COMMA := ,
 PROFILE_STAMP := book/chapters/.profile-$(PROFILE)$(if $(SEEDS),-seeds-$(subst $(COMMA),_,$(SEEDS)))
-SEEDS_ARG := $(if $(SEEDS),-y "seeds: [$(SEEDS)]")
 $(PROFILE_STAMP):
 	$(if $(SEEDS),$(PYTHON) -m fedsteer_lib check-seeds "$(SEEDS)")
 	rm -rf book/chapters && mkdir -p book/chapters && touch $@
 
-book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) tools/executed_notebooks.py $(PROFILE_STAMP) | setup
-	@mkdir -p book/chapters
-	cd notebooks && ../$(VENV)/bin/papermill --log-level WARNING -k python3 -p profile $(PROFILE) $(SEEDS_ARG) $*.ipynb ../book/chapters/.$*.ipynb
-	$(PY) -m tools.executed_notebooks book/chapters/.$*.ipynb
-	mv book/chapters/.$*.ipynb $@
+book/chapters/%.ipynb: notebooks/%.ipynb $(LIB) tools/notebooks.py $(PROFILE_STAMP) | setup
+	$(PY) -m tools.notebooks execute book/chapters $< --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
 
 # Generated pages of the book (not committed): the runtime and environment table of the rerun
 # page and the CSV of every run's summary, from the committed results. Always rewritten (a few
@@ -102,13 +99,15 @@ book-html: generated | setup
 book: setup $(CHAPTERS)
 	$(MAKE) --no-print-directory book-html
 
-# The tests: the book is built from the committed notebooks (executed with the quick profile,
-# re-executed and checked by nbval below) and opened in headless Chromium; one pytest run
-# covers the unit tests, the browser check and nbval over every notebook.
+# The tests. First the book itself: every chapter executed with the paper profile as a reader would
+# (its parameters cell edited), with FEDSTEER_NO_COMPUTE=1 so that a chapter that would compute a
+# run or a measurement fails (everything is committed); the book built from them is the real one,
+# in _build/html, which the browser tests open. Then one pytest run: the unit tests, the browser
+# check and nbval over every notebook with its own `quick` profile (every code path at a small size).
 test: setup system-packages
-	rm -rf book/chapters && mkdir -p book/chapters && cp $(NOTEBOOKS) book/chapters/
+	rm -rf book/chapters && mkdir -p book/chapters && touch book/chapters/.profile-paper
+	FEDSTEER_NO_COMPUTE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m tools.notebooks execute book/chapters --profile paper --jobs $(TEST_WORKERS)
 	$(MAKE) --no-print-directory book-html
-	rm -rf book/chapters
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
 		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 

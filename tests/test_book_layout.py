@@ -51,18 +51,18 @@ def test_modules_are_small_and_public_names_unique():
                 seen[node.name] = where
 
 
-def test_papermills_injected_parameters_are_removed_from_the_page(tmp_path):
+def test_a_chapter_is_executed_with_its_parameters_cell_edited_not_injected():
     import json
+    import sys
 
-    from tools.executed_notebooks import hide_injected_parameters
+    sys.path.insert(0, str(LIB.parent))
+    from tools.notebooks import with_parameters
 
-    cells = [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "profile = 'quick'"},
-             {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]}, "source": "profile = 'paper'"},
-             {"cell_type": "code", "metadata": {}, "source": "1"}]
-    path = tmp_path / "chapter.ipynb"
-    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    assert hide_injected_parameters(path) == 1
-    tags = [c["metadata"].get("tags") for c in json.loads(path.read_text())["cells"]]
-    assert tags == [["parameters"], ["injected-parameters", "remove-cell"], []]
-    assert hide_injected_parameters(path) == 0  # idempotent
-    assert "-m tools.executed_notebooks" in (LIB.parent / "Makefile").read_text()
+    cells = [{"cell_type": "code", "metadata": {"tags": ["parameters", "remove-cell"]},
+              "source": 'profile = "quick"\ndataset = "fmnist"\nseeds = None'},
+             {"cell_type": "code", "metadata": {}, "source": 'profile = "quick"  # not the parameters cell'}]
+    edited = with_parameters({"cells": cells}, "paper", [0, 1])
+    assert edited["cells"][0]["source"] == 'profile = "paper"\ndataset = "fmnist"\nseeds = [0, 1]'
+    assert edited["cells"][1] == cells[1] and len(edited["cells"]) == 2  # no injected cell
+    makefile = (LIB.parent / "Makefile").read_text()
+    assert "-m tools.notebooks execute book/chapters" in makefile and "papermill -p" not in makefile

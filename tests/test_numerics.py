@@ -86,11 +86,26 @@ except numerics.NumericsError as err:
     assert "REFUSED pinned kernels asked for, but torch uses DEFAULT kernels" in out and "select_kernels('pinned') before torch computes" in out
 
 
+PINNED_RUN = """
+import sys
+from fedsteer_lib import numerics
+numerics.select_kernels("pinned")
+from fedsteer_lib.experiments.config import RunConfig
+from fedsteer_lib.experiments.sweep import run_grid
+import json
+config = RunConfig.from_dict(json.loads(sys.argv[2]))
+assert run_grid([config], sys.argv[1], progress=False) == 1
+"""
+
+
 @pytest.fixture(scope="module")
 def computed(tmp_path_factory) -> Path:
-    """A cache holding SMALL, computed once for the tests below (each copies it)."""
+    """A cache holding SMALL computed with pinned kernels, in a process of its own (the tests'
+    own processes compute with native kernels), once for the tests below (each copies it)."""
     root = tmp_path_factory.mktemp("computed")
-    assert run_grid([SMALL], root, progress=False) == 1
+    proc = subprocess.run([sys.executable, "-c", PINNED_RUN, str(root), json.dumps(SMALL.to_dict())], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     return root
 
 
@@ -111,7 +126,7 @@ def test_a_result_records_the_machine_that_computed_it(cache):
         assert field in prov, field
     assert prov["cpu"] == numerics.cpu_model() and "avx2" in prov["cpu_flags"]
     assert prov["cpu_signature"] == numerics.cpu_signature() != "unknown"
-    assert prov["kernels"] == numerics.kernels() == "pinned" and prov["threads"] == 1
+    assert prov["kernels"] == "pinned" and prov["threads"] == 1
     assert prov["code_version"].endswith("-dirty") == ("diff_sha1" in prov)
 
 
@@ -131,9 +146,13 @@ def test_a_dirty_tree_is_named_by_the_hash_of_its_diff(tmp_path):
 
 
 # --- verify: identical, changed, collapse flipped --------------------------------------------------
-def _verify(capsys, root: Path, *keys: str) -> tuple[int, str]:
-    code = cli.main(["verify", "--profile", "quick", "--results", str(root), *[a for k in keys for a in ("--key", k)]])
-    return code, capsys.readouterr().out
+def _verify(capsys, root: Path, *keys: str, extra: tuple[str, ...] = ()) -> tuple[int, str]:
+    """`verify --kernels pinned` of `keys` in a process of its own (pinned kernels must be selected
+    before torch computes): its exit status and output."""
+    proc = subprocess.run([sys.executable, "-m", "fedsteer_lib", "verify", "--kernels", "pinned", "--profile", "quick",
+                           "--results", str(root), *[a for k in keys for a in ("--key", k)], *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout
 
 
 def test_verify_says_bit_identical_for_a_pinned_run(cache, capsys):
@@ -207,15 +226,12 @@ def test_verify_replaces_an_unpinned_result_with_the_pinned_one(cache, capsys):
     payload["provenance"] = {"cpu": "Some Other CPU"}
     path.write_text(json.dumps(payload))
     log = tmp_path / "log.jsonl"
-    code = cli.main(["verify", "--profile", "quick", "--results", str(tmp_path), "--key", SMALL.key(),
-                     "--replace-unpinned", "--log", str(log)])
+    code, _ = _verify(capsys, tmp_path, SMALL.key(), extra=("--replace-unpinned", "--log", str(log)))
     assert code == 0 and json.loads(path.read_text())["provenance"]["kernels"] == "pinned"
     record = json.loads(log.read_text().splitlines()[0])
     assert record["key"] == SMALL.key() and record["identical"] and record["stored_kernels"] == "native"
-    capsys.readouterr()
-    assert cli.main(["verify", "--profile", "quick", "--results", str(tmp_path), "--key", SMALL.key(),
-                     "--replace-unpinned"]) == 0
-    assert "nothing to verify" in capsys.readouterr().out  # already pinned: not recomputed again
+    code, out = _verify(capsys, tmp_path, SMALL.key(), extra=("--replace-unpinned",))
+    assert code == 0 and "nothing to verify" in out  # already pinned: not recomputed again
 
 
 def test_verify_log_keeps_a_record_when_the_log_file_is_replaced_mid_run(cache):

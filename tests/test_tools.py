@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
-MOVED = ("lab", "executed_notebooks", "provenance", "precision_report")
+MOVED = ("lab", "provenance", "precision_report")
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:
@@ -59,5 +59,5 @@ def test_tools_are_small_and_called_by_the_makefile():
     for path in TOOLS.glob("*.py"):
         assert len(path.read_text(encoding="utf8").splitlines()) <= 400, path
     makefile = (ROOT / "Makefile").read_text(encoding="utf8")
-    for module in ("executed_notebooks", "generated", "lab"):
+    for module in ("notebooks", "generated", "lab"):
         assert re.search(rf"\$\(PY\) -m tools\.{module}\b", makefile), module

@@ -3,6 +3,7 @@
     python -m tools.notebooks sync [--check]          # the reader cells below, in every notebook
     python -m tools.notebooks refresh [NOTEBOOK ...]  # execute in place with the `quick` profile, then sync
     python -m tools.notebooks times PROFILE NB ...    # record how long papermill took for each chapter
+    python -m tools.notebooks execute OUTDIR [--profile paper] [--seeds 0,1] [--jobs 2]   # the book's chapters
 
 `sync` makes each notebook of `notebooks/` what a JupyterLab reader needs, and the book leaves out:
 
@@ -18,14 +19,22 @@
 
 `--check` changes nothing and exits 1 when a notebook is not in step (the test suite runs it).
 `refresh` runs each notebook with papermill and no parameters (so nothing is injected) and
-records its `quick` time; `times` records the times of executed chapters (`make book` calls it
-for the paper profile). The times live in one place, `data/chapter_times.json`.
+records its `quick` time; `times` records the times of executed chapters. The times live in one
+place, `data/chapter_times.json`.
+
+`execute` is how `make book` and `make test` run the chapters: each notebook is executed exactly as
+a reader who edits its parameters cell would (the cell's `profile = ...` and `seeds = ...` lines
+rewritten, nothing injected), `--jobs` at a time, into OUTDIR (`--record-times`: its time
+recorded). With
+FEDSTEER_NO_COMPUTE=1 in the environment (`make test`) a chapter that would compute a run or a
+measurement fails, so the book that `make test` builds is the committed results' own.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -180,12 +189,71 @@ def record_times(profile: str, executed: list[Path]) -> None:
     times = _times()
     for path in executed:
         seconds = _read(path).get("metadata", {}).get("papermill", {}).get("duration")
+        # papermill's duration covers the kernel's start too: what a reader's Run All costs
         if seconds is None:
             continue
         stem = path.stem.lstrip(".")
         times.setdefault(stem, {})[profile] = {"seconds": round(float(seconds), 1), "cpu": cpu_model(),
                                                 "date": _dt.date.today().isoformat()}
     TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+
+
+PARAMETER_LINE = re.compile(r"^(profile|seeds) = .*$", re.M)
+
+
+def with_parameters(nb: dict, profile: str, seeds: list[int] | None) -> dict:
+    """`nb` with its parameters cell edited to `profile` (and `seeds`), as a reader would edit it."""
+    values = {"profile": json.dumps(profile), "seeds": "None" if seeds is None else repr(list(seeds))}
+    cells = []
+    for cell in nb["cells"]:
+        if "parameters" in _tags(cell):
+            cell = {**cell, "source": PARAMETER_LINE.sub(lambda m: f"{m.group(1)} = {values[m.group(1)]}", _source(cell))}
+        cells.append(cell)
+    return {**nb, "cells": cells}
+
+
+def _execute_one(args: tuple[Path, Path, str, list[int] | None]) -> tuple[str, float, str | None]:
+    import time
+
+    import papermill
+
+    path, out_dir, profile, seeds = args
+    edited = out_dir / f".{path.name}"
+    nb = with_parameters(_read(path), profile, seeds)
+    nb.setdefault("metadata", {})["fedsteer"] = {  # how this copy was executed (tests/test_paper_chapters.py)
+        "profile": profile, "seeds": seeds, "parameters": "edited",
+        "no_compute": os.environ.get("FEDSTEER_NO_COMPUTE") == "1"}
+    _write(edited, nb)
+    start = time.monotonic()
+    try:
+        papermill.execute_notebook(str(edited), str(edited), cwd=str(NOTEBOOKS), kernel_name="python3",
+                                   progress_bar=False, log_output=False)
+    except Exception as err:  # papermill's PapermillExecutionError names the cell; keep the executed copy
+        return path.name, time.monotonic() - start, str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+    edited.replace(out_dir / path.name)
+    return path.name, time.monotonic() - start, None
+
+
+def execute(out_dir: Path, profile: str, seeds: list[int] | None, jobs: int, paths: list[Path],
+            record: bool = False) -> int:
+    """Execute the chapters into `out_dir` (see the module docstring); 1 when one failed. With
+    `record`, each chapter's time goes into `data/chapter_times.json` (the JupyterLab notes quote it)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = [(p, out_dir, profile, seeds) for p in (paths or chapters())]
+    failed = []
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        for name, seconds, error in pool.map(_execute_one, todo):
+            print(f"{name}: {'failed: ' + error if error else 'done'} ({seconds:.0f} s)", flush=True)
+            if error:
+                failed.append(name)
+            elif record and seeds is None:
+                record_times(profile, [out_dir / name])
+    if failed:
+        print(f"{len(failed)} chapter(s) failed: {', '.join(failed)} (their executed copies are in {out_dir}, "
+              "named with a leading dot)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def refresh(paths: list[Path]) -> None:
@@ -207,7 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("times")
     t.add_argument("profile")
     t.add_argument("executed", nargs="+", type=Path)
+    e = sub.add_parser("execute")
+    e.add_argument("out_dir", type=Path)
+    e.add_argument("notebooks", nargs="*", type=Path)
+    e.add_argument("--profile", default="paper")
+    e.add_argument("--seeds", default="", help="comma-separated seeds (default: the profile's)")
+    e.add_argument("--jobs", type=int, default=1)
+    e.add_argument("--record-times", action="store_true", help="write each chapter's time to data/chapter_times.json")
     args = parser.parse_args(argv)
+    if args.command == "execute":
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+        return execute(args.out_dir, args.profile, seeds, args.jobs, args.notebooks, args.record_times)
     if args.command == "sync":
         return sync(args.check)
     if args.command == "refresh":
