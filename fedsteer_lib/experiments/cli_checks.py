@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from .. import numerics
-from .seeds import SEED_LIMIT
+from ..simulator.settings import SEED_LIMIT
 
 __all__ = ["device_problem", "results_dir_problem", "kernels_problem", "select_kernels", "run_size_problem",
            "seed_problem", "log_problem", "memory_bytes"]

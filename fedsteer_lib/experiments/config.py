@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..numerics import PRECISIONS
-from ..simulator.settings import ConfigError, Diagnostics, FLSystem, Training, check, is_int
+from ..simulator.settings import SEED_LIMIT, ConfigError, Diagnostics, FLSystem, Training, check, is_int
 from ..strategy import Strategy
 from .registry import METHODS as REGISTRY
 
 __all__ = [
     "FLSystem", "Training", "MethodSpec", "RunConfig", "Diagnostics", "METHOD_DEFAULTS", "PROFILES",
-    "DATASET_DEFAULTS", "TUNED", "ConfigError", "method", "paper_methods", "Profile", "get_profile", "LATE_DEFAULTS",
+    "DATASET_DEFAULTS", "TUNED", "SEED_LIMIT", "ConfigError", "method", "paper_methods", "Profile", "get_profile", "LATE_DEFAULTS",
     "framework_methods", "regime_methods", "same_data", "BATCH_STREAMS", "PRECISIONS", "REGIME_GRID", "REGIME_SEEDS", "REGIME_GAMMAS", "CALIBRATION_TARGET",
 ]
 
@@ -121,7 +121,7 @@ class RunConfig:
         check(self.dataset in DATASET_DEFAULTS, "dataset", f"one of {sorted(DATASET_DEFAULTS)}", self.dataset)
         check(is_int(self.client_batch) and self.client_batch >= 1, "client_batch", "an integer >= 1",
                self.client_batch)
-        check(is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0", self.seed)
+        check(is_int(self.seed) and 0 <= self.seed < SEED_LIMIT, "seed", "an integer in [0, 2**64)", self.seed)
         check(self.batch_stream in BATCH_STREAMS, "batch_stream", f"one of {list(BATCH_STREAMS)}", self.batch_stream)
         check(self.precision in PRECISIONS, "precision", f"one of {list(PRECISIONS)}", self.precision)
         self.system.validate()

@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable
 
-from ..simulator.settings import ConfigError, is_int
+from ..simulator.settings import SEED_LIMIT, ConfigError, is_int
 
-__all__ = ["check_seeds", "seeds_from_text", "main", "SEED_LIMIT"]
+__all__ = ["check_seeds", "seeds_from_text", "main"]
 
-SEED_LIMIT = 2**64  # torch seeds its generators with a 64-bit unsigned integer
 
 _LIST_FORM = 'pass a list with papermill\'s -y, e.g. -y "seeds: [0, 1]" (or make book SEEDS=0,1)'
 

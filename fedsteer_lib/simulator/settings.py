@@ -13,6 +13,8 @@ from typing import Any
 __all__ = ["ConfigError", "FLSystem", "Training", "Diagnostics", "check", "is_int", "is_real"]
 
 
+SEED_LIMIT = 2**64  # torch seeds its generators with a 64-bit unsigned integer
+
 class ConfigError(ValueError):
     """A setting is outside its allowed range; the message names the field and the range.
 
