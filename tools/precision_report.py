@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedsteer_lib.book.ledger import MIN_UNITS, at_best_beta, best_baseline, gains_by_seed
-from fedsteer_lib.book.stats import holm, mean_ci, one_sample_t_test, paired_t_test
+from fedsteer_lib.book.ledger import at_best_beta, best_baseline, gains_by_seed
+from fedsteer_lib.book.stats import MIN_UNITS, holm, mean_ci, one_sample_t_test, paired_t_test
 from fedsteer_lib.book.table_display import fmt_p
 from fedsteer_lib.experiments.config import DATASET_DEFAULTS
 from fedsteer_lib.experiments.groups import PARITY_ROLES, paper_grid, precision_parity_grid
@@ -79,7 +79,7 @@ def parity_verdicts(runs: pd.DataFrame) -> pd.DataFrame:
     """FedSteer's (both orderings) paired gains over FedAvg and over the best baseline of the group,
     computed once from the fp32 runs and once from the bf16 runs of the same complete seeds, with
     the word each allows (the ledger's rule: a t-test of the per-seed gains against 0, a word
-    only from `ledger.MIN_UNITS` seeds on, unadjusted here) and whether the two words agree."""
+    only from `stats.MIN_UNITS` seeds on, unadjusted here) and whether the two words agree."""
     runs, _ = _complete(runs)
     rows = []
     for gamma, at in runs.groupby("gamma", sort=False):

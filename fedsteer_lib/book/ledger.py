@@ -20,7 +20,6 @@ verdict words and the family):
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Sequence
 
@@ -34,7 +33,6 @@ from . import paper
 from .claims import KINDS, Claim, assemble
 from .mechanism_claims import MECHANISM_IDS, memory_claims, stability_claim, variance_claims
 from .methods import role, roles
-from .stats import MIN_UNITS  # noqa: F401  (chapters quote the rule)
 from .table_display import MISSING, fmt_interval, fmt_p, fmt_num, fmt_pct, readable_table
 
 __all__ = ["PREREGISTERED_COMMIT", "READINGS", "build", "quote", "row", "display", "best_baseline", "gains_by_seed",
@@ -322,18 +320,3 @@ def write(ledger: pd.DataFrame, out_dir: str | Path) -> Path:
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path
-
-
-def _main(argv: Sequence[str] | None = None) -> None:
-    from .context import setup
-
-    parser = argparse.ArgumentParser(prog="python -m fedsteer_lib.book.ledger", description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", help="folder for claims.csv (the Makefile: book/_generated)")
-    parser.add_argument("--profile", default="paper")
-    parser.add_argument("--dataset", default="fmnist")
-    args = parser.parse_args(argv)
-    print(f"wrote {write(build(setup(args.profile, args.dataset)), args.out_dir)}")
-
-
-if __name__ == "__main__":
-    _main()
