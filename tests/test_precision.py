@@ -95,9 +95,12 @@ def test_a_bf16_run_and_an_fp32_run_both_train_and_differ(two_runs):
 
 
 def test_provenance_names_the_kernels_of_each_precision(two_runs):
+    # The test processes compute with native kernels (tests/conftest.py); the pinned process's
+    # settings are test_kernels_for_run_composes_precision_with_the_kernel_mode's.
     m32, m16 = two_runs["fp32"].machine, two_runs["bf16"].machine
-    assert (m32["kernels"], m32["onednn"], m32["threads"]) == ("pinned", "off", 1) and "precision" not in m32
-    assert (m16["kernels"], m16["precision"], m16["process_kernels"], m16["threads"]) == ("bf16", "bf16", "pinned", 1)
+    assert numerics.kernels() == "native"
+    assert (m32["kernels"], m32["threads"]) == ("native", torch.get_num_threads()) and "precision" not in m32
+    assert (m16["kernels"], m16["precision"], m16["process_kernels"]) == ("bf16", "bf16", "native")
     assert m16["onednn"].startswith("on")
 
 
@@ -111,6 +114,9 @@ def _settings():
     ("native", "fp32", None), ("native", "bf16", "caller's threads, oneDNN on")])
 def test_kernels_for_run_composes_precision_with_the_kernel_mode(monkeypatch, mode, precision, inside):
     monkeypatch.setattr(numerics, "_MODE", mode)
+    # the per-run settings only: this (native) process's ATen and MKL are not pinned, which
+    # check_kernels would refuse (tests/test_numerics.py checks the pin in processes of its own)
+    monkeypatch.setattr(numerics, "check_kernels", lambda device="cpu": None)
     torch.set_num_threads(2)
     torch.backends.mkldnn.enabled = False
     before = _settings()
@@ -186,7 +192,7 @@ def no_compute(monkeypatch):
     (["--method", "fedavg", "--gamma", "1"], "gamma must be in (0, 1), got 1.0"),
     (["--method", "fedavg", "--rounds", "2.5"], "rounds must be an integer >= 1, got 2.5"),
     (["--method", "fedavg", "--client-lr", "nan"], "client_lr must be a finite number > 0, got nan"),
-    (["--method", "fedavg", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
+    (["--method", "fedavg", "--seed", "-1"], "seed must be an integer in [0, 2**64), got -1"),
     (["--method", "fedavg", "--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
 ])
 def test_run_refuses_each_bad_value_in_one_line_before_any_compute(capsys, no_compute, argv, message):
@@ -211,7 +217,8 @@ def test_run_computes_once_then_reuses_its_cached_result(capsys, monkeypatch, tm
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "(computed now)" in out and "final accuracy (validation split of 1000)" in out and "collapsed: no" in out
-    assert "server memory:" in out and "per phase: " in out and "client" in out and "pinned kernels" in out
+    assert "server memory:" in out and "per phase: " in out and "client" in out
+    assert f"{numerics.kernels()} kernels" in out  # the test process's (native); the CLI's default is pinned
     assert len(list((tmp_path / "runs").glob("*.json"))) == 1
     monkeypatch.setattr(sweep, "run", lambda *a, **k: pytest.fail("computed a cached run"))
     assert cli.main(argv) == 0
