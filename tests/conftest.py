@@ -3,11 +3,13 @@
 - When the book's headless browser is missing, its check fails once with the fix, not per page.
 - `make test` runs on pytest-xdist workers with the scheduler below: every test file, and every
   notebook, is one unit that runs whole, in order, on one worker (a notebook's cells share one
-  kernel; a module's fixtures are built once). Chapters 6, 7, 9 and 10 are one unit: 7, 9 and
-  10 read the quick runs that 6 (Table 1) and 7 (the ablations) compute, so they run after them
-  on the same worker instead of computing the same runs twice at the same time. The other
+  kernel; a module's fixtures are built once). Chapters 6, 7, 9 and appendix A are one unit: 7,
+  9 and A read the quick runs that 6 (Table 1) and 7 (the ablations) compute, so they run after
+  them on the same worker instead of computing the same runs twice at the same time. The other
   chapters compute only runs of their own. The two test files that start Ray clusters are one
   unit too.
+- The suite keeps its headroom: a chapter whose `quick` execution (the sum of its cells' times
+  under nbval) takes more than CHAPTER_BUDGET_S seconds fails the session, named with its time.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from fedsteer_lib.experiments.doctor import chromium_problem
 # `python -m fedsteer_lib verify --what reference --kernels pinned` (tests/test_numerics.py).
 numerics.select_kernels("native")
 
+CHAPTER_BUDGET_S = 150.0  # seconds of one chapter's quick execution (issue 56)
 BROWSER_TESTS = "test_book_browser.py"
 BROWSER_PRESENT = "test_chromium_is_installed"
 
@@ -60,3 +63,23 @@ def pytest_collection_modifyitems(session, config, items):
     if dropped:  # they would all fail with the same message: keep the one test that states it
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if item not in dropped]
+
+
+_CHAPTER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add up each notebook's cell times (nbval's items are `notebooks/NN_x.ipynb::Cell k`)."""
+    path = report.nodeid.split("::", 1)[0]
+    if path.endswith(".ipynb"):
+        _CHAPTER_SECONDS[path] = _CHAPTER_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    over = {p: t for p, t in _CHAPTER_SECONDS.items() if t > CHAPTER_BUDGET_S}
+    if over and not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
+        lines = ", ".join(f"{Path(p).name} {t:.0f} s" for p, t in sorted(over.items()))
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.ensure_newline()
+        reporter.write_line(f"chapters over their {CHAPTER_BUDGET_S:.0f} s quick budget: {lines}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
