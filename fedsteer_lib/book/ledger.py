@@ -31,6 +31,7 @@ from ..experiments.results import runs_table
 from ..experiments.registry import BASELINE_ROLES, display_name
 from . import paper
 from .claims import KINDS, Claim, assemble
+from .stats import MIN_UNITS
 from .mechanism_claims import MECHANISM_IDS, memory_claims, stability_claim, variance_claims
 from .methods import role, roles
 from .table_display import MISSING, fmt_interval, fmt_p, fmt_num, fmt_pct, readable_table
@@ -280,28 +281,41 @@ CHAPTER_NAMES = {"01_problem_formulation": "ch. 1", "02_corrective_projection": 
                  "09_reproduction_report": "ch. 9", "A_baseline_conventions": "appendix A"}
 
 
+_ACCURACY = ("gain-best-", "paper-gain-", "gain-fedavg-", "below-full-", "margin-")
+_ABLATION = ("greedy-core-", "subsample-", "fig5-", "enforce5-", "as-written-", "fair-start-")
+
+
 def quote(book, ids: Sequence[str]) -> pd.DataFrame:
     """The rows `ids` exactly as `build(book)` has them, for a chapter that quotes its claims.
 
     A row's Holm-adjusted p depends on every tested row of the family, so the whole ledger is
-    built unless none of the family's rows can be tested (the quick profile's one seed): then
-    only the rows asked for are computed, from the runs they need, so a chapter executed alone
-    computes no other chapter's runs."""
+    built when the family can be tested (at least MIN_UNITS seeds). Otherwise (the quick
+    profile's one seed) no row is tested and only the kinds of claims asked for are computed,
+    from the runs they need: a chapter computes no other chapter's runs."""
     ids = list(ids)
-    if book.profile.name == "paper" or len(book.seeds) >= 5:
-        rows = build(book)
-        return rows.set_index("id").loc[ids].reset_index()
-    claims = variance_claims(book, only=[i for i in ids if i in MECHANISM_IDS])
+    if len(book.seeds) >= MIN_UNITS:
+        return build(book).set_index("id").loc[ids].reset_index()
+    claims: list[Claim] = []
+    if any(i.startswith(_ACCURACY) for i in ids):
+        claims += accuracy_claims(book, reading_runs(book))
+    if any(i in MECHANISM_IDS for i in ids):
+        claims += variance_claims(book, only=[i for i in ids if i in MECHANISM_IDS])
     if "coordinates-stable" in ids:
         claims += stability_claim(book)
     if any(i.startswith("memory-") for i in ids):
         mains = [c for c in groups.paper_grid(book.dataset, book.profile, book.device)
                  if role(c.method, c.dataset) in ("fedsteer", "fedvarp")]  # all the memory rows read
         claims += memory_claims(book, at_best_beta(_role_table(book, mains, "main")))
-    claims = [c for c in claims if c.id in ids]
-    if {c.id for c in claims} != set(ids):
-        return build(book).set_index("id").loc[ids].reset_index()
-    return assemble(claims).set_index("id").loc[ids].reset_index()
+    if any(i.startswith(_ABLATION) for i in ids):
+        main = at_best_beta(_role_table(book, groups.paper_grid(book.dataset, book.profile, book.device), "main"))
+        ablations = _ablation_runs(book)
+        claims += ablation_claims(book, main, ablations) + fig5_claims(book, ablations["coreset_lambda"])
+    if any(i.startswith(("emnist-", "cifar10-", "fmnist-")) for i in ids):
+        claims += not_run_rows(book)
+    missing = set(ids) - {c.id for c in claims}
+    if missing:
+        raise KeyError(f"no claims {sorted(missing)} in the ledger of {book.dataset}")
+    return assemble([c for c in claims if c.id in ids]).set_index("id").loc[ids].reset_index()
 
 
 def row(ledger: pd.DataFrame, claim_id: str) -> pd.Series:
