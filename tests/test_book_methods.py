@@ -109,7 +109,7 @@ def test_methods_page_lists_every_registered_method_with_its_defaults():
     steer = REGISTRY["fedsteer"].defaults
     assert {k: steer[k] for k in ("core_size", "lam")} == {k: DATASET_DEFAULTS["fmnist"][k] for k in ("core_size", "lam")}
     for name, cell, _paper in params:
-        listed = {k: yaml.safe_load(v) for k, v in re.findall(r"`(\w+) = ([^`]+)`", cell)}
+        listed = {k: yaml.safe_load(v) for k, v in re.findall(r"\(`(\w+)`: ([^)]+)\)", cell)}
         want, _ = expected[name]
         assert listed == want, f"{name}: the page lists {listed}, the registry says {want}"
         if not want:

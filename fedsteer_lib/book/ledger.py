@@ -192,7 +192,7 @@ def ablation_claims(book, main: pd.DataFrame, ablations: dict[str, pd.DataFrame]
         for m in ("fedvarp", "mifa"):
             d = _paired(fair[fair["method"] == m], main[main["role"] == m], gamma)
             out.append(Claim(f"fair-start-{m}-{g}", "our check", f"{display_name(m)} started from the warm-up's updates",
-                             "§4.1, footnote 3", setting, "not run by the paper", "A_baseline_conventions", d.tolist(),
+                             "§4.1, footnote 3", setting, "not run by the paper", "07_ablations", d.tolist(),
                              direction=0, ours=fmt_pct(d.mean()), **_GAIN))
     return out
 
