@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fedsteer_lib.experiments.groups import GROUP_TITLES
+
 from fedsteer_lib.experiments.config import RunConfig, method
 from fedsteer_lib.experiments.groups import run_groups
 from fedsteer_lib.experiments.registry import METHODS
@@ -132,7 +134,8 @@ def test_generated_files_from_the_committed_results(generated_files):
     assert set(runs["key"]) == cached and runs["key"].is_unique
     assert (runs["wall_time"] > 0).all() and runs["final_accuracy"].between(0, 1).all()
     rows = generated_files["runtime"].read_text(encoding="utf8").split("\n\n")[0].splitlines()[2:]
-    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == [*groups, "all groups (each run once)"]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == [*(GROUP_TITLES[g] for g in groups),
+                                                               "all groups (each run once)"]
     total = re.match(r"\| all groups \(each run once\) \| (\d+) of (\d+) \| ([\d.]+) \|", rows[-1])
     assert total and int(total.group(1)) == len(cached)
     assert float(total.group(3)) == pytest.approx(runs["wall_time"].sum() / 3600, abs=0.005)

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 
 from fedsteer_lib.experiments.config import RunConfig
+from fedsteer_lib.experiments.groups import GROUP_TITLES
 from fedsteer_lib.experiments.registry import METHODS
 from fedsteer_lib.experiments.results import has_run, load_run, runs_table
 from fedsteer_lib.experiments.verify import read_log, stored_kernels
@@ -87,7 +88,7 @@ def runtime_table(groups: Mapping[str, Sequence[RunConfig]], root: str | os.Path
             continue
         runs = run_provenance(configs, root)
         empty = runs.empty
-        rows.append({"group": name, "runs": f"{len(runs)} of {defined}",
+        rows.append({"group": GROUP_TITLES.get(name, name), "runs": f"{len(runs)} of {defined}",
                      "total wall time (h)": None if empty else runs["wall_time"].sum() / 3600,
                      "median wall time (min)": None if empty else runs["wall_time"].median() / 60,
                      "kernels": _counts(runs["kernels"]), "CPU": _values(runs["cpu"]),
@@ -149,6 +150,21 @@ def _changes(records: pd.DataFrame) -> dict[str, Any]:
             "largest change": float(change.max()), "collapses flipped": int(records["collapse_flipped"].sum())}
 
 
+# What each committed verify log recomputed, for a reader (the file names are for the command line).
+VERIFY_LOG_TITLES = {
+    "main-pinned": "Table 1 recomputed pinned (stored native, by other machines)",
+    "main-pinned-rechecked": "Table 1, pinned runs recomputed in a later session",
+    "main-pinned-rechecked-on-an-amd-cpu": "Table 1, pinned on an Intel Xeon, recomputed on an AMD EPYC",
+    "main-pinned-rechecked-on-an-amd-cpu-with-rounded-square-roots":
+        "the same, FedSteer's runs with correctly rounded square roots",
+    "other-groups-random-sample": "other groups, a random sample",
+    "other-groups-stratified": "other groups, two runs of every method and γ",
+    "pinned-reference-on-a-second-intel-cpu": "reference run, on a second Intel Xeon",
+    "pinned-reference-on-an-amd-cpu": "reference run, on an AMD EPYC",
+    "pinned-reference-under-an-emulated-intel-cpu": "reference run, under an emulated Intel CPU",
+    "pinned-reference-with-correctly-rounded-square-roots": "reference run, correctly rounded square roots"}
+
+
 def verify_table(log_dir: str | os.PathLike = VERIFY_DIR) -> pd.DataFrame:
     """What recomputing committed runs changed, one row per `verify` log (`<name>.jsonl`: the runs
     of one group, or Table 1's recompute with pinned kernels): runs recomputed, how many came
@@ -159,7 +175,8 @@ def verify_table(log_dir: str | os.PathLike = VERIFY_DIR) -> pd.DataFrame:
         records = pd.DataFrame(read_log([path]))
         if records.empty:
             continue
-        rows.append({"recomputed": path.stem, "runs": len(records), **_changes(records),
+        rows.append({"recomputed": VERIFY_LOG_TITLES.get(path.stem, path.stem.replace("-", " ")), "runs": len(records),
+                     **_changes(records),
                      "stored with": _counts(records["stored_kernels"]), "recomputed with": _counts(records["now_kernels"])})
     return pd.DataFrame(rows, columns=["recomputed", "runs", "bit-identical", "median change", "largest change",
                                        "collapses flipped", "stored with", "recomputed with"])
@@ -195,7 +212,8 @@ def verify_breakdown(groups: Mapping[str, Sequence[RunConfig]], log_dir: str | o
         mine = records[records["key"].isin(keys)]
         if mine.empty:
             continue
-        rows.append({by: name, "recomputed": len(mine), **_changes(mine),
+        rows.append({by: GROUP_TITLES.get(name, name) if by == "group" else name, "recomputed": len(mine),
+                     **_changes(mine),
                      "at chance once": int(((mine["stored_accuracy"] <= CHANCE_ACCURACY)
                                             != (mine["new_accuracy"] <= CHANCE_ACCURACY)).sum())})
     return pd.DataFrame(rows, columns=columns)

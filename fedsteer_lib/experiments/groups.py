@@ -23,7 +23,7 @@ from .sweep import grid
 from .tuning import VALIDATION_SIZE, calibrated_cell, select_server_steps, tuning_configs
 
 __all__ = ["paper_grid", "ablation_grid", "framework_grid", "regime_grid", "convergence_methods", "convergence_grid",
-           "alignment_grid", "stability_grid", "server_step_grid", "server_step_choices", "own_step_grid", "calibration_cell", "calibrated_grid", "reference_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups",
+           "alignment_grid", "stability_grid", "GROUP_TITLES", "server_step_grid", "server_step_choices", "own_step_grid", "calibration_cell", "calibrated_grid", "reference_grid", "TRACKED_CLIENTS", "GROUP_SETS", "IN_PROGRESS", "run_groups",
            "PARITY_ROLES", "PARITY_PRECISION", "precision_parity_grid"]
 
 
@@ -269,6 +269,17 @@ def _tuning(dataset: str, profile: str | Profile, device: str, root: str | os.Pa
     """The FedAvg-only tuning of the training settings (validation split); paper profile only."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     return {"tuning": tuning_configs(dataset, device=device)} if prof.name == "paper" else {}
+
+
+# What each group is, for a reader (the rerun page's tables name groups by these).
+GROUP_TITLES: dict[str, str] = {
+    "main": "Table 1", "coreset_lambda": "Fig. 5: core-set size × λ", "subsampled": "subsampled core-set search",
+    "random_core": "random core set", "ordering": "FedSteer, literal reading", "fair_start": "fair start",
+    "forced_refresh": "enforce=5, the other reading", "framework_conventions": "the FedStale code base's baselines",
+    "regime_map": "regime map", "alignment_probes": "alignment probes", "convergence_probes": "variance probes",
+    "coordinate_stability": "coordinate stability", "tuning": "FedAvg tuning", "server_step_tuning": "server-step search",
+    "own_server_step": "each method's own server step", "calibrated_point": "paper-calibrated cell",
+    "pinned_reference": "pinned reference run", "precision_parity": "bf16 parity"}
 
 
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
