@@ -14,7 +14,7 @@ import pytest
 import torch
 import torchvision.datasets
 
-from fedsteer_lib.simulator import data
+from fedsteer_lib.simulator import data, data_files
 
 REAL_DEBIAN_DIR = data.DEBIAN_FMNIST_DIR
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -97,7 +97,7 @@ def isolated(tmp_path, monkeypatch):
 def test_read_idx_round_trip(tmp_path, dtype, gz):
     rng = np.random.default_rng(1)
     arr = (rng.normal(size=(3, 4, 5)) * 100).astype(dtype)
-    out = data.read_idx(write_idx(tmp_path / "x-idx3", arr, gz))
+    out = data_files.read_idx(write_idx(tmp_path / "x-idx3", arr, gz))
     assert out.dtype == np.dtype(dtype) and out.shape == (3, 4, 5) and np.array_equal(out, arr)
 
 
@@ -108,8 +108,8 @@ def test_read_idx_corrupt(tmp_path, corrupt):
            "trailing": good + b"\0", "gzip": gzip.compress(good)[:-6], "empty": b""}[corrupt]
     (tmp_path / "bad").write_bytes(raw)
     with pytest.raises(ValueError, match="bad"):
-        data.read_idx(tmp_path / "bad")
-    assert np.array_equal(data.read_idx(write_idx(tmp_path / "good", np.arange(10, dtype=np.uint8))), np.arange(10))
+        data_files.read_idx(tmp_path / "bad")
+    assert np.array_equal(data_files.read_idx(write_idx(tmp_path / "good", np.arange(10, dtype=np.uint8))), np.arange(10))
 
 
 @pytest.mark.parametrize("gz", [False, True])
