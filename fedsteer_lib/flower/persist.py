@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from flwr.app import MetricRecord
@@ -21,8 +21,8 @@ from .checkpoint import FORMAT, CheckpointError, from_plain, to_plain
 from .nodes import NodeTable
 from .records import Layout
 
-if TYPE_CHECKING:  # for the type hints only
-    from .driver import MethodStrategy
+# A driver.MethodStrategy; not imported, since driver imports this module (no cycle, even for types).
+MethodStrategy = Any
 
 __all__ = ["identity", "payload", "restore"]
 
