@@ -69,6 +69,12 @@ def test_no_module_over_400_lines():
     assert not long, long
 
 
+def test_the_book_helpers_hold_at_most_2000_lines():
+    """fedsteer_lib/book/ holds only what several chapters share (tooling lives in tools/)."""
+    lines = sum(len(p.read_text(encoding="utf8").splitlines()) for p in (PACKAGE / "book").rglob("*.py"))
+    assert lines <= 2000, f"fedsteer_lib/book/ has {lines} lines"
+
+
 def test_importing_the_library_changes_nothing_in_the_process():
     code = """
 import os, sys, torch

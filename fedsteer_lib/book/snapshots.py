@@ -127,11 +127,6 @@ class MonteCarlo:
         """bias_norm / ||sum_i d_i g_i||."""
         return self.bias_norm / self.target_norm
 
-    @property
-    def relative_noise(self) -> float:
-        """noise_norm / ||sum_i d_i g_i||."""
-        return self.noise_norm / self.target_norm
-
 
 def monte_carlo(strategy: Strategy, state: State, ctx: ServerContext, updates: torch.Tensor, draws: int,
                 seed: int = 0) -> MonteCarlo:
