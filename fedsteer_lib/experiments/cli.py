@@ -305,12 +305,13 @@ def _status(args, groups, root) -> int:
     seeds = complete_seeds(needed, root)
     seeds_arg = ",".join(map(str, seeds))
     if not lacking:
-        hint = "  (every run cached: make book renders from the cache, computing nothing)"
+        hint = ("  (every run the book needs is cached: make book renders from the cache, computing nothing"
+                + (", and shows the cached runs of the groups in progress)" if pending else ")"))
     elif seeds:
         hint = f"  (render from them: make book SEEDS={seeds_arg})"
     else:
         hint = ""
-    print(f"seeds complete in every group: {seeds_arg or 'none'}{hint}")
+    print(f"seeds complete in every group{' not in progress' if pending else ''}: {seeds_arg or 'none'}{hint}")
     if pending:
         set_of = {name: key for key, build in GROUP_SETS.items()
                   for name in build(args.dataset, args.profile, args.device, root)}
