@@ -58,7 +58,18 @@ def _markdown(path: Path) -> str:
     if path.suffix == ".md":
         return path.read_text(encoding="utf8")
     cells = json.loads(path.read_text(encoding="utf8"))["cells"]
-    return "\n\n".join(source_text(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return "\n\n".join(source_text(c["source"]) if c["cell_type"] == "markdown" else _figure_cell(c)
+                       for c in cells if c["cell_type"] == "markdown" or _figure(c))
+
+
+def _figure(cell: dict) -> dict | None:
+    """myst-nb's figure options of a code cell that displays a figure (None for any other cell)."""
+    return cell.get("metadata", {}).get("mystnb", {}).get("figure") if cell["cell_type"] == "code" else None
+
+
+def _figure_cell(cell: dict) -> str:
+    """A code cell's figure as the directive Sphinx numbers it like (its name, in page order)."""
+    return f"```{{figure}} cell\n:name: {_figure(cell).get('name', '')}\n```"
 
 
 def source_text(source: str | list[str]) -> str:
@@ -339,6 +350,7 @@ def glue_values(nb: dict) -> dict[str, dict]:
 def reading_copy(nb: dict, doc: str, book: BookIndex, bib, source_note: str) -> dict:
     nb = copy.deepcopy(nb)
     page = ReadingPage(doc, book, glue_values(nb), bib)
+    captions: list[tuple[dict, str]] = []
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             page.attachments = dict(cell.get("attachments", {}))
@@ -346,11 +358,20 @@ def reading_copy(nb: dict, doc: str, book: BookIndex, bib, source_note: str) -> 
             if page.attachments:
                 cell["attachments"] = page.attachments
         elif cell["cell_type"] == "code":
+            if _figure(cell):  # its caption as the book prints it, numbered in page order
+                numbers = book.figures.get(doc, [])
+                number = numbers[page.figure] if page.figure < len(numbers) else page.figure + 1
+                page.figure += 1
+                captions.append((cell, f"**Fig. {number}** {page.convert(_figure(cell).get('caption', ''))}"))
             cell["outputs"] = [o for o in cell.get("outputs", [])
                                if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
             hidden = {part for tag in cell["metadata"].get("tags", []) for part in HIDDEN.get(tag, ())}
             for part in hidden:
                 cell["metadata"].setdefault("jupyter", {})[f"{part}_hidden"] = True
+    for k, (cell, caption) in enumerate(captions):
+        at = next(i for i, c in enumerate(nb["cells"]) if c is cell)
+        nb["cells"].insert(at + 1, {"cell_type": "markdown", "metadata": {}, "id": f"reading-copy-caption-{k}",
+                                    "source": caption})
     note = {"cell_type": "markdown", "metadata": {}, "id": "reading-copy-note", "source": source_note}
     nb["cells"].insert(0, note)
     if page.cited:

@@ -114,6 +114,8 @@ def run_config(args, parser):
     base = profile_training(args.dataset, prof)
     training = {f.name: _like(getattr(args, f"Training_{f.name}"), getattr(base, f.name))
                 for f in dataclasses.fields(Training) if getattr(args, f"Training_{f.name}") is not None}
+    if problem := seed_problem(args.seed):  # named as the option the user typed, before the config's own check
+        parser.error(problem)
     try:
         spec = method(args.method, **params)
         config = RunConfig(dataset=args.dataset, method=spec, system=dataclasses.replace(FLSystem(), **system),
@@ -122,8 +124,7 @@ def run_config(args, parser):
                            emnist_split=DATASET_DEFAULTS[args.dataset].get("split", "balanced")).validate()
     except ConfigError as err:
         parser.error(str(err))
-    problem = seed_problem(config.seed) or run_size_problem(config.training.rounds, config.system.num_clients)
-    if problem:
+    if problem := run_size_problem(config.training.rounds, config.system.num_clients):
         parser.error(problem)
     return config
 
