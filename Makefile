@@ -108,8 +108,16 @@ test: setup system-packages
 	rm -rf book/chapters && mkdir -p book/chapters && touch book/chapters/.profile-paper
 	FEDSTEER_NO_COMPUTE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m tools.notebooks execute book/chapters --profile paper --jobs $(TEST_WORKERS)
 	$(MAKE) --no-print-directory book-html
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m fedsteer_lib sweep --profile quick --dataset fmnist --kernels native \
+		--what $(QUICK_GROUPS) --workers $(TEST_WORKERS)
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
 		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
+
+# The quick profile's runs that the chapters share are computed once, by a pool that keeps both
+# workers busy, before nbval executes the chapters (so a chapter's 150 s budget is its own work, not
+# whichever shared runs it happened to need first); the quick groups no chapter reads (the pinned
+# reference and the bf16 parity runs) are left to the tests that need them.
+QUICK_GROUPS := main,ablations,conventions,regimes,diagnostics,server_step,calibrated
 
 # JupyterLab on notebooks/ (the chapters to edit and rerun), opened on notebooks/index.ipynb: the
 # chapters in the book's order, each with its reading copy in notebooks/as-in-the-book/, and the

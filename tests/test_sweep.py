@@ -103,7 +103,7 @@ def test_committed_results_cover_the_whole_fashion_mnist_paper_grid():
             assert cached != total or total == "0", f"{name} is complete: remove it from groups.IN_PROGRESS\n{out}"
         else:
             assert cached == total, out
-    assert "(every run cached: make book renders from the cache, computing nothing)" in out, out
+    assert "(every run the book needs is cached: make book renders from the cache, computing nothing" in out, out
 
 
 # --- the diagnostics run groups of chapters 5 and 8 ----------------------------------------------

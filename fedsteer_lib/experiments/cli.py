@@ -51,6 +51,15 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _group_sets(text: str) -> str:
+    """`--what`: "all" or GROUP_SETS keys, comma-separated (computed in GROUP_SETS' order)."""
+    wanted = text.split(",")
+    unknown = [w for w in wanted if w not in GROUP_SETS] if text != "all" else []
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not one of {', '.join((*GROUP_SETS, 'all'))}")
+    return text
+
+
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m fedsteer_lib", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,7 +93,8 @@ def build_parser() -> OneLineParser:
                            help="with --executor ray: the fraction of a GPU each run reserves (e.g. 0.25)")
         if name != "tune":
             p.add_argument("--profile", choices=sorted(PROFILES), default="paper")
-            p.add_argument("--what", choices=(*GROUP_SETS, "all"), default="all")
+            p.add_argument("--what", type=_group_sets, default="all", metavar="|".join((*GROUP_SETS, "all")),
+                           help="the run groups: all, or one or more of the sets, comma-separated")
         if name == "verify":
             add_verify_options(p)
     add_run_parser(sub)

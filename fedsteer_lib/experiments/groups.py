@@ -310,9 +310,10 @@ GROUP_SETS: dict[str, Callable[[str, str | Profile, str, str | os.PathLike], dic
 
 def run_groups(dataset: str, profile: str | Profile, device: str = "cpu", what: str = "all", *,
                root: str | os.PathLike) -> dict[str, list[RunConfig]]:
-    """Every run group of `what` ("all" or a key of GROUP_SETS), by name; the derived groups are
-    read from the results cache `root` (the same cache the caller reads and writes)."""
-    keys = list(GROUP_SETS) if what == "all" else [what]
+    """Every run group of `what` ("all", or keys of GROUP_SETS, comma-separated), by name, in
+    GROUP_SETS' order; the derived groups are read from the results cache `root` (the same cache
+    the caller reads and writes)."""
+    keys = list(GROUP_SETS) if what == "all" else [k for k in GROUP_SETS if k in what.split(",")]
     out: dict[str, list[RunConfig]] = {}
     for key in keys:
         out.update(GROUP_SETS[key](dataset, profile, device, root))
