@@ -76,7 +76,8 @@ def note_text(stem: str, times: dict) -> str:
 
     t = times.get(stem, {})
     where = {p: t.get(p, {}).get("cpu") for p in ("quick", "paper")}
-    cost = (f"Run All takes {_duration(t.get('quick', {}).get('seconds'))} with `quick` and "
+    cost = (f"Run All takes {_duration(t.get('quick', {}).get('seconds'))} with `quick` once its runs are cached "
+            f"(a fresh checkout computes them first, as `make test` does) and "
             f"{_duration(t.get('paper', {}).get('seconds'))} with `paper`"
             + (f" (measured on {where['paper'] or where['quick']})" if where['paper'] or where['quick'] else "") + ".")
     return ("**You are reading the notebook itself, not the book's page.** Its stored outputs come from the small "

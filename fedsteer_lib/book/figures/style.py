@@ -83,11 +83,12 @@ def label_line_ends(ax: plt.Axes, ends: Sequence[tuple[float, float, str, object
                     min_gap: float | None = None) -> None:
     """Direct labels instead of a legend: `ends` holds (x, y, text, colour) of each line's last
     point; the labels go just right of the axes' data, in the line's colour, nudged apart
-    vertically so that none overlaps (`min_gap` in data units: 4 % of the y range by default)."""
+    vertically so that none overlaps (`min_gap` in data units; by default a line of text)."""
     if not ends:
         return
     lo, hi = ax.get_ylim()
-    gap = min_gap if min_gap is not None else 0.04 * (hi - lo)
+    height_pt = ax.get_position().height * ax.figure.get_figheight() * 72
+    gap = min_gap if min_gap is not None else 1.2 * MIN_FONT / height_pt * (hi - lo)
     placed: list[float] = []
     for x, y, text, colour in sorted(ends, key=lambda e: e[1]):
         y_text = max(y, placed[-1] + gap) if placed else y
