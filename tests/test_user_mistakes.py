@@ -64,8 +64,8 @@ def test_settings_the_data_set_cannot_hold_are_one_line(capsys, no_compute, tmp_
 
 
 @pytest.mark.parametrize("option, message", [
-    (["--seed", str(2**64)], "--seed must be an integer in [0, 2**64) (torch's generators take 64-bit seeds), got "
-                             "18446744073709551616"),
+    (["--seed", str(2**64)], "--seed must be an integer in [0, 2**64), got 18446744073709551616 (torch's "
+                             "generators take 64-bit seeds)"),
     (["--rounds", "1000000000"], "--rounds 1,000,000,000 with 100 clients needs about 1,791.9 GiB"),
     (["--rounds", "1e20"], "rounds must be an integer >= 1, got 1e+20"),
     (["--rounds", str(10**20)], "--rounds 100,000,000,000,000,000,000 with 100 clients needs about"),
@@ -143,7 +143,10 @@ def test_a_full_disk_at_save_is_one_line(capsys, tmp_path, monkeypatch):
 def test_ctrl_c_during_a_run_is_one_line_saying_what_was_saved(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fedsteer_lib", "run", *TINY, "--rounds", "200", "--kernels",
                              "native", "--results", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            # as a shell starts it: Ctrl-C's default action (an ignored SIGINT, which a test
+                            # process may have from an earlier test, would be inherited and stay ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.readline()
         assert first.startswith("computing run "), first + proc.stderr.read()

@@ -137,7 +137,7 @@ def seed_problem(seed: object, option: str = "--seed") -> str | None:
     """Why `seed` cannot seed a run (None when it can): an integer in [0, 2**64)."""
     if isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < SEED_LIMIT:
         return None
-    return f"{option} must be an integer in [0, 2**64) (torch's generators take 64-bit seeds), got {seed!r}"
+    return f"{option} must be an integer in [0, 2**64), got {seed!r} (torch's generators take 64-bit seeds)"
 
 
 def log_problem(log: str) -> str | None:
