@@ -159,6 +159,8 @@ def test_the_committed_ledger_is_one_consistent_family(committed):
                                                           ("gain-best", "0.7"), ("paper-gain-best", "0.7"),
                                                           ("margin", "0.7")]}
     assert (accuracy["n"] == 8).all() and (accuracy["unit"] == "seeds").all()
+    margins = accuracy[accuracy["id"].str.startswith("margin-")]  # a verdict on the margin names the margin
+    assert margins["verdict"].str.contains("gain (above|below) \+7.9 %|cannot be decided").all(), margins["verdict"]
     assert (L.loc[L["kind"] == "not run here", "verdict"] == "not run here").all()
     assert set(L.loc[L["kind"] == "not run here", "setting"].str.split(",").str[0]) == {"EMNIST", "CIFAR-10"}
     for _, r in L[L["ci_low"].notna()].iterrows():  # no interval outside its quantity's range

@@ -108,8 +108,8 @@ def accuracy_claims(book, runs: pd.DataFrame) -> list[Claim]:
                 values = gains_by_seed(per_seed, steer, b)
                 ours = (f"{fmt_pct(values.mean())}: {display_name(steer)} {per_seed[steer].mean():.3f} vs "
                         f"{display_name(b)} {per_seed[b].mean():.3f}")
-                words = ("FedSteer ahead", "FedSteer behind") if direction > 0 else (
-                    "FedSteer above", "FedSteer below")
+                words = ((f"gain above {fmt_pct(target)}", f"gain below {fmt_pct(target)}") if target else
+                         ("FedSteer ahead", "FedSteer behind")) if direction > 0 else ("FedSteer above", "FedSteer below")
                 text = paper_text or (fmt_pct(paper_number.value) if paper_number else "not stated")
                 common = dict(kind="accuracy", source=source, setting=setting, evidence="06_main_results",
                               values=values.tolist(), statistic="mean over seeds of the paired gain",
