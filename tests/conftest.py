@@ -83,3 +83,17 @@ def pytest_sessionfinish(session, exitstatus):
         reporter.ensure_newline()
         reporter.write_line(f"chapters over their {CHAPTER_BUDGET_S:.0f} s quick budget: {lines}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def no_compute(monkeypatch):
+    """Any run or data preparation fails the test: a command must refuse before it computes."""
+    from fedsteer_lib.experiments import sweep
+    from fedsteer_lib.simulator import engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("computed")
+
+    for module in (sweep, engine):
+        monkeypatch.setattr(module, "run", refuse)
+        monkeypatch.setattr(module, "prepare", refuse)

@@ -171,16 +171,6 @@ def _error(capsys, *argv: str) -> str:
     return capsys.readouterr().err
 
 
-@pytest.fixture
-def no_compute(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("computed")
-
-    for module in (sweep, engine):
-        monkeypatch.setattr(module, "run", refuse)
-        monkeypatch.setattr(module, "prepare", refuse)
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--method", "fedsteer", "--core-size", "0"], "fedsteer core_size must be an integer in [1, num_clients=100], got 0"),
     (["--method", "fedsteer", "--core-size", "30", "--num-clients", "20"],

@@ -18,21 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from fedsteer_lib.experiments import cli, results, sweep
-from fedsteer_lib.simulator import engine
+from fedsteer_lib.experiments import cli, results
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--method", "fedavg", "--num-clients", "20", "--gamma", "0.9", "--validation-size", "1000", "--local-epochs", "1"]
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("computed")
-
-    for module in (sweep, engine):
-        monkeypatch.setattr(module, "run", refuse)
-        monkeypatch.setattr(module, "prepare", refuse)
 
 
 def _one_line(capsys, *argv: str, code: int = 2) -> str:
