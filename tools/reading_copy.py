@@ -159,6 +159,13 @@ class ReadingPage:
     figure: int = 0
     attachments: dict[str, dict] = field(default_factory=dict)
 
+    def next_figure(self) -> int:
+        """The book's number of this page's next figure (a directive or a figure cell, in page order)."""
+        numbers = self.book.figures.get(self.doc, [])
+        number = numbers[self.figure] if self.figure < len(numbers) else self.figure + 1
+        self.figure += 1
+        return number
+
     # -- links
     def link(self, doc: str, text: str, anchor: str = "") -> str:
         target = "" if doc == self.doc else self.book.copies.get(doc)
@@ -270,10 +277,7 @@ class ReadingPage:
                      else f"![{options.get('alt', '')}]({arg})")
             if image is None:
                 return None
-            numbers = self.book.figures.get(self.doc, [])
-            number = numbers[self.figure] if self.figure < len(numbers) else self.figure + 1
-            self.figure += 1
-            return f"{image}\n\n**Fig. {number}** {self.convert(content)}\n"
+            return f"{image}\n\n**Fig. {self.next_figure()}** {self.convert(content)}\n"
         if name in ("glue", "glue:", "glue:any", "glue:md"):
             value = self.any_value(arg, inline=False)
             return None if value is None else f"{value}\n"
@@ -359,10 +363,7 @@ def reading_copy(nb: dict, doc: str, book: BookIndex, bib, source_note: str) -> 
                 cell["attachments"] = page.attachments
         elif cell["cell_type"] == "code":
             if _figure(cell):  # its caption as the book prints it, numbered in page order
-                numbers = book.figures.get(doc, [])
-                number = numbers[page.figure] if page.figure < len(numbers) else page.figure + 1
-                page.figure += 1
-                captions.append((cell, f"**Fig. {number}** {page.convert(_figure(cell).get('caption', ''))}"))
+                captions.append((cell, f"**Fig. {page.next_figure()}** {page.convert(_figure(cell).get('caption', ''))}"))
             cell["outputs"] = [o for o in cell.get("outputs", [])
                                if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
             hidden = {part for tag in cell["metadata"].get("tags", []) for part in HIDDEN.get(tag, ())}
