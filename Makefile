@@ -37,13 +37,15 @@ help:
 	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
 	@echo "make doctor     one line per prerequisite (ok / missing) with the command that fixes it"
 
+# --no-compile: pip would byte-compile all ~16,500 modules of the set (about 40 s of one core);
+# Python compiles the few thousand a process imports, once, on first import.
 venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	@echo "== setting up $(VENV) (torch comes from local disk where available)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	{ $(PY) -m pip install -q -r requirements.txt 2>&1 || echo PIP_FAILED; } | { grep -v "is ignored: it is neither" || true; } | tee $(VENV)/pip.log
+	{ $(PY) -m pip install -q --no-compile -r requirements.txt 2>&1 || echo PIP_FAILED; } | { grep -v "is ignored: it is neither" || true; } | tee $(VENV)/pip.log
 	! grep -q PIP_FAILED $(VENV)/pip.log
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fedsteer)" > /dev/null
 	rm -f $(VENV)/.installed-* && touch $@
 

@@ -45,7 +45,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ChapterScheduling(LoadScopeScheduling):
         """Units are files (as `xdist --dist loadfile`), except those of `SHARED_UNITS`, handed
-        out in collection order: `make test` lists the notebooks first, the longest work."""
+        out in collection order: the Ray unit first (`LONGEST_FIRST`), then the notebooks."""
 
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
@@ -55,7 +55,14 @@ def pytest_xdist_make_scheduler(config, log):
     return ChapterScheduling(config, log)
 
 
+# Units handed out first: the longest (the Ray unit waits on cluster starts, Flower rounds and a
+# killed node's timeout). Handed out in collection order, it came mid-session and ran alone at the
+# end while the other worker had nothing left to do.
+LONGEST_FIRST = ("test_flower.py", "test_ray_executor.py")
+
+
 def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: Path(str(item.fspath)).name not in LONGEST_FIRST)  # stable: order kept within
     if chromium_problem() is None:
         return
     dropped = [item for item in items

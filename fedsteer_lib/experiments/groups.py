@@ -182,13 +182,13 @@ def convergence_methods(dataset: str, profile: str | Profile = "paper") -> list[
 def convergence_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
                      device: str = "cpu") -> list[RunConfig]:
     """The variance probe runs (Theorem 1's variance, Theorem 2's term): `convergence_methods` x
-    the profile's gammas x its seeds, with `Diagnostics(probe_every=profile.probe_every)` (every
+    the profile's gammas x its seeds, with the profile's `probe_every` and `probe_mc_samples` (every
     client's true update and the aggregation's mean squared error to sum_i d_i g_i on every probe
     round)."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     seeds = tuple(seeds) if seeds is not None else prof.seeds
     return grid(dataset, convergence_methods(dataset, prof), prof, gammas=prof.gammas, seeds=seeds, device=device,
-                diagnostics=Diagnostics(probe_every=prof.probe_every))
+                diagnostics=Diagnostics(probe_every=prof.probe_every, probe_mc_samples=prof.probe_mc_samples))
 
 
 def alignment_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int] | None = None,
@@ -200,7 +200,7 @@ def alignment_grid(dataset: str, profile: str | Profile, *, seeds: Sequence[int]
     dd = DATASET_DEFAULTS[dataset]
     seeds = tuple(seeds) if seeds is not None else prof.seeds
     return grid(dataset, [method("fedsteer", core_size=dd["core_size"], lam=dd["lam"])], prof, seeds=seeds,
-                device=device, diagnostics=Diagnostics(probe_every=prof.probe_every))
+                device=device, diagnostics=Diagnostics(probe_every=prof.probe_every, probe_mc_samples=prof.probe_mc_samples))
 
 
 TRACKED_CLIENTS: tuple[int, ...] = (5, 55, 95)  # the clients of the paper's Fig. 8
