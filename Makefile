@@ -13,16 +13,12 @@ PROFILE  ?= paper
 # 8 they show); empty = the profile's seeds.
 SEEDS    ?=
 WORKERS  ?= 2
-# `make test` computes on TEST_WORKERS processes, each with its share of the cores as torch threads
-# (on 2 cores, 2 workers of 1 thread finish about 1.4x sooner than 1 of 2 threads: the small CNN's
-# batches of 32 use a second thread poorly). Its pytest session has one pytest-xdist worker more
-# (PYTEST_WORKERS): many tests wait on other processes (Flower's deployment and its round timeout,
-# Ray, JupyterLab, Chromium), and a third worker computes meanwhile. Measured on a 2-core AMD EPYC,
-# the same session: 591 s on 2 workers, 535 s on 3 (the cores busy 78 % of it on 3).
-# tests/conftest.py keeps each file, and the chapters that share runs, whole on one worker.
+# `make test` runs on TEST_WORKERS pytest-xdist processes, each with its share of the cores as
+# torch threads (on 2 cores, 2 workers of 1 thread finish about 1.4x sooner than 1 of 2 threads:
+# the small CNN's batches of 32 use a second thread poorly). tests/conftest.py keeps each file,
+# and the chapters that share runs, whole on one worker.
 TEST_WORKERS ?= 2
 TEST_THREADS := $(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
-PYTEST_WORKERS ?= $(shell echo $$(( $(TEST_WORKERS) + 1 )))
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb notebooks/[A-Z]_*.ipynb))
 CHAPTERS  := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(NOTEBOOKS))
 LIB       := $(shell find fedsteer_lib -name "*.py")
@@ -116,7 +112,7 @@ test: setup system-packages
 	$(MAKE) --no-print-directory book-html
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m fedsteer_lib sweep --profile quick --dataset fmnist --kernels native \
 		--what $(QUICK_GROUPS) --workers $(TEST_WORKERS)
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) \
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
 		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 
 # The quick profile's runs that the chapters share are computed once, by a pool that keeps both
