@@ -56,8 +56,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # Units handed out first: the longest (the Ray unit waits on cluster starts, Flower rounds and a
-# killed node's timeout). Handed out in collection order, it came mid-session and ran alone at the
-# end while the other worker had nothing left to do.
+# killed node's timeout). Handed out in collection order, it started mid-session, where a unit that
+# long can leave one worker running alone at the end.
 LONGEST_FIRST = ("test_flower.py", "test_ray_executor.py")
 
 
