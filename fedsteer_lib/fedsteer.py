@@ -186,9 +186,16 @@ class FedSteer(Strategy):
             if n_sub:
                 gen = np.random.default_rng([ctx.seed, 4, cycle])
                 candidates = sorted(gen.choice(ctx.num_clients, size=n_sub, replace=False).tolist())
-            trace = SwapTrace()
-            core = greedy_swap(grads, k, ctx.weights, lam, max_swaps=int(self.spec.get("max_swaps")),
-                               init=state.core.tolist(), candidates=candidates, trace=trace)
+            max_swaps, init = int(self.spec.get("max_swaps")), state.core.tolist()
+            # the selection is a deterministic function of these and the snapshot: runs on the same
+            # snapshots (`ServerContext.snapshot_memo`) compute it once
+            memo_key = ("greedy_swap", cycle, k, lam, max_swaps, tuple(init), candidates and tuple(candidates))
+            if memo_key not in ctx.snapshot_memo:
+                trace = SwapTrace()
+                core = greedy_swap(grads, k, ctx.weights, lam, max_swaps=max_swaps, init=init,
+                                   candidates=candidates, trace=trace)
+                ctx.snapshot_memo[memo_key] = (core, list(trace))
+            core, trace = ctx.snapshot_memo[memo_key]
             state.core = torch.tensor(core, dtype=torch.long, device=ctx.device)
             state.swap_trace.append(list(trace))
         if last:  # keep the caches from the final snapshot (paper §2.4)

@@ -20,7 +20,7 @@ of `warmup_snapshot` (paper §2.4); after it, `record_final`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -40,6 +40,10 @@ class ServerContext:
     device: torch.device
     client_lr: float
     seed: int = 0
+    # What a strategy derived from the warm-up snapshots alone (FedSteer: its greedy core set),
+    # keyed by everything it read besides the snapshots. The simulator hands the next run on the
+    # same snapshots the same dict, so a deterministic selection is computed once; elsewhere empty.
+    snapshot_memo: dict = field(default_factory=dict)
 
     @property
     def num_clients(self) -> int:

@@ -143,14 +143,34 @@ def _chromium(url: str, *extra: str) -> str:
     return out
 
 
-_DOM_CACHE: dict[str, str] = {}
+_LOADED: dict[str, str] = {}  # doc -> the DOM of its one load in Chromium, the probes' rows included
+
+
+def _loaded(doc: str) -> str:
+    """The page's DOM after one load of a copy of the built page in Chromium, 1280 px wide: its
+    scripts (MathJax included) ran, and so did this module's probes (`_probe`), which each wait
+    for the page and MathJax on their own and write their rows into a hidden <pre> of their own.
+    The copy sits in a temporary folder, where a <base> points every relative URL back at the
+    built book. One Chromium start per page serves every test of the page."""
+    if doc not in _LOADED:
+        page = _page_file(doc)
+        text = page.read_text(encoding="utf8")
+        text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
+        scripts = "".join(f"<script>{probe}</script>" for probe in PROBES)
+        text = text.replace("</body>", f"{scripts}</body>", 1)
+        with tempfile.TemporaryDirectory(prefix="fedsteer-probe-") as tmp:
+            copy = Path(tmp) / page.name
+            copy.write_text(text, encoding="utf8")
+            _LOADED[doc] = _chromium(copy.as_uri(), "--dump-dom", "--window-size=1280,1800")
+    return _LOADED[doc]
 
 
 def _dom(doc: str) -> str:
-    """The page's DOM after its scripts (MathJax included) ran."""
-    if doc not in _DOM_CACHE:
-        _DOM_CACHE[doc] = _chromium(_page_file(doc).as_uri(), "--dump-dom")
-    return _DOM_CACHE[doc]
+    """The page's DOM after its scripts (MathJax included) ran, without the <base> and the
+    probes' rows that its load added (the probes' own <script>s, like every script, hold no text
+    a test reads)."""
+    dom = re.sub(r'<base href="[^"]*">', "", _loaded(doc), count=1)
+    return re.sub(r'<pre id="fedsteer-[a-z]+-probe".*?</pre>', "", dom, flags=re.S)
 
 
 class _Page(HTMLParser):
@@ -481,28 +501,16 @@ window.addEventListener('load', () => (window.MathJax ? MathJax.startup.promise 
 """
 
 
-_PROBED_DOM: dict[str, str] = {}
+PROBES = (_CLIP_PROBE, _OVERFLOW_PROBE)  # every probe runs in the page's one load (`_loaded`)
 
 
 def _probe(doc: str, script: str, probe_id: str) -> list[dict]:
-    """Run `script` on a copy of the built page (in a temporary folder; a <base> points every
-    relative URL back at the built book) and return the JSON rows it writes into <pre id=probe_id>.
-    Every probe of this module runs in the same load of the page (one Chromium start per page):
-    each waits for the page and MathJax on its own and writes its own <pre>."""
+    """The JSON rows that `script`, one of PROBES, wrote into <pre id=probe_id> in the page's
+    one load (`_loaded`)."""
     import html as html_lib
 
-    if doc not in _PROBED_DOM:
-        page = _page_file(doc)
-        text = page.read_text(encoding="utf8")
-        text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
-        scripts = "".join(f"<script>{probe}</script>" for probe in (_CLIP_PROBE, _OVERFLOW_PROBE))
-        text = text.replace("</body>", f"{scripts}</body>", 1)
-        with tempfile.TemporaryDirectory(prefix="fedsteer-probe-") as tmp:
-            probe_page = Path(tmp) / page.name
-            probe_page.write_text(text, encoding="utf8")
-            _PROBED_DOM[doc] = _chromium(probe_page.as_uri(), "--dump-dom", "--window-size=1280,1800")
-    assert script in (_CLIP_PROBE, _OVERFLOW_PROBE), "a new probe must be added to the page's scripts above"
-    match = re.search(rf'<pre id="{probe_id}"[^>]*>(.*?)</pre>', _PROBED_DOM[doc], flags=re.S)
+    assert script in PROBES, "a new probe must be added to PROBES"
+    match = re.search(rf'<pre id="{probe_id}"[^>]*>(.*?)</pre>', _loaded(doc), flags=re.S)
     assert match, f"{doc}: the probe {probe_id} did not run (the page never finished loading?)"
     return json.loads(html_lib.unescape(match.group(1)))
 

@@ -47,19 +47,33 @@ def test_same_seed_is_bit_identical(sim):
     assert repr(c.history) != repr(a.history)
 
 
-def test_warmup_snapshots_are_reused_by_the_next_run_and_change_nothing():
+def test_warmup_snapshots_are_reused_by_the_next_run_and_change_nothing(monkeypatch):
     """Runs on one SimData with the same local training and server step share the warm-up
-    snapshots (engine.warmup_updates), whatever their rounds and eval schedule: each such run
-    equals the same run with its snapshots computed anew."""
+    snapshots (engine.warmup_updates), whatever their rounds and eval schedule, and FedSteer's
+    greedy core set on them, whatever its other settings (ServerContext.snapshot_memo): each such
+    run equals the same run with its snapshots and selection computed anew."""
+    from fedsteer_lib import fedsteer
+
+    selections = []
+    real = fedsteer.greedy_swap
+    monkeypatch.setattr(fedsteer, "greedy_swap", lambda grads, k, w, lam, **kw: selections.append((k, lam))
+                        or real(grads, k, w, lam, **kw))
     two = dict(warmup_cycles=2)
     configs = [_config(name, rounds=rounds, **two, **kw) for name, rounds, kw in
-               (("fedsteer", 2, {}), ("mifa", 2, {}), ("fedsteer", 3, dict(lam=0.0, ordering="as_written")))]
+               (("fedsteer", 2, {}), ("mifa", 2, {}), ("fedsteer", 3, dict(lam=0.0, ordering="as_written")),
+                ("fedsteer", 2, dict(ordering="as_written", refresh_every=2)))]
     # the third has other rounds and another eval schedule, but the same local training and server step
     configs[2] = configs[2].replace(training=dataclasses.replace(configs[2].training, eval_every=1, eval_last=2))
     slower = _config("fedsteer", **two).replace(training=Training(rounds=2, local_epochs=1, client_lr=0.02, eval_every=2, eval_last=1))
     shared_sim = prepare(configs[0])
+    lam = configs[0].method.get("lam")
+    # computed on the shared snapshots: the first run's core set (one per cycle), then only the other lam's;
+    # the fourth run's other ordering and refresh do not change the selection
+    on_shared = [[(5, lam)] * 2, [], [(5, 0.0)] * 2, [], [(5, lam)] * 2]
     for index, cfg in enumerate([*configs, slower]):
+        selections.clear()
         shared = run(cfg, progress=False, sim=shared_sim)
+        assert selections == on_shared[index], cfg.method.label
         fresh = run(cfg, progress=False, sim=dataclasses.replace(shared_sim, warmup=None))  # computed anew
         assert shared.summary["warmup_reused"] is (0 < index < len(configs)), cfg.method.label
         assert fresh.summary["warmup_reused"] is False

@@ -80,6 +80,7 @@ class SimData:
     client_batch: int = 1  # > 1: train up to this many clients at once (`local_train_batch`)
     precision: str = "fp32"  # the arithmetic of local training and evaluation (`RunConfig.precision`), set per run
     warmup: tuple | None = None  # the latest warm-up snapshots, for the next run (`warmup_updates`)
+    warmup_memo: dict = field(default_factory=dict)  # what strategies derived from them (`ServerContext.snapshot_memo`)
     initial_eval: dict = field(default_factory=dict)  # arithmetic -> w_0's (accuracy, loss) (`initial_evaluation`)
 
 
@@ -204,7 +205,7 @@ def warmup_updates(sim: SimData, config: RunConfig, cycles: int, progress: bool 
             yield grads
             weights = weights - tr.server_lr * (client_weights @ grads)
 
-    sim.warmup = None
+    sim.warmup, sim.warmup_memo = None, {}
     if cycles * num_clients * sim.flat_model.dim * sim.initial_weights.element_size() > WARMUP_REUSE_BYTES:
         return compute(), False
     snapshots = list(compute())
@@ -231,6 +232,7 @@ def _warmup(sim: SimData, config: RunConfig, strategy: Strategy, state: dict, ct
     start = time.perf_counter()
     cycles = strategy.warmup_cycles
     snapshots, reused = warmup_updates(sim, config, cycles, progress)
+    ctx.snapshot_memo = sim.warmup_memo  # emptied whenever the snapshots are computed anew
     for cycle, grads in enumerate(snapshots):
         strategy.warmup_snapshot(state, ctx, grads, cycle, last=cycle == cycles - 1)
     return time.perf_counter() - start, reused
