@@ -25,7 +25,7 @@ LIB       := $(shell find fedsteer_lib -name "*.py")
 MATHJAX   := book/_static/mathjax/tex-chtml.js
 FMNIST_STAMP := data/.fmnist-ok
 
-.PHONY: help setup venv data system-packages doctor book test lab lab-settings reproduce book-html clean gpu-data generated
+.PHONY: help setup venv data system-packages doctor book test lab lab-settings reproduce book-html clean gpu-data generated quick-runs
 
 help:
 	@echo "make book       set up, execute the notebooks (papermill, profile=$(PROFILE)) and build _build/html"
@@ -106,20 +106,25 @@ book: setup $(CHAPTERS)
 # run or a measurement fails (everything is committed); the book built from them is the real one,
 # in _build/html, which the browser tests open. Then one pytest run: the unit tests, the browser
 # check and nbval over every notebook with its own `quick` profile (every code path at a small size).
-test: setup system-packages
+# The set-up steps run side by side (pip into .venv, then the data; MathJax from npm; Chromium from
+# apt): on a fresh machine the last two take about 20 s that pip's install would otherwise wait for.
+test:
+	$(MAKE) --no-print-directory -j3 setup system-packages
 	rm -rf book/chapters && mkdir -p book/chapters && touch book/chapters/.profile-paper
 	FEDSTEER_NO_COMPUTE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m tools.notebooks execute book/chapters --profile paper --jobs $(TEST_WORKERS)
-	$(MAKE) --no-print-directory book-html
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m fedsteer_lib sweep --profile quick --dataset fmnist --kernels native \
-		--what $(QUICK_GROUPS) --workers $(TEST_WORKERS)
+	$(MAKE) --no-print-directory -j2 book-html quick-runs
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
 		$(NOTEBOOKS) tests --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=25
 
 # The quick profile's runs that the chapters share are computed once, by a pool that keeps both
 # workers busy, before nbval executes the chapters (so a chapter's 150 s budget is its own work, not
 # whichever shared runs it happened to need first); the quick groups no chapter reads (the pinned
-# reference and the bf16 parity runs) are left to the tests that need them.
+# reference and the bf16 parity runs) are left to the tests that need them. `make test` builds the
+# HTML book (one process) beside it.
 QUICK_GROUPS := main,ablations,conventions,regimes,diagnostics,server_step,calibrated
+quick-runs: | setup
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m fedsteer_lib sweep --profile quick --dataset fmnist --kernels native \
+		--what $(QUICK_GROUPS) --workers $(TEST_WORKERS)
 
 # JupyterLab on notebooks/ (the chapters to edit and rerun), opened on notebooks/index.ipynb: the
 # chapters in the book's order, each with its reading copy in notebooks/as-in-the-book/, and the
