@@ -37,18 +37,21 @@ help:
 	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
 	@echo "make doctor     one line per prerequisite (ok / missing) with the command that fixes it"
 
-# pip byte-compiles the set as it installs it (about 40 s of one core). Not optional: where
-# PYTHONDONTWRITEBYTECODE is set (it is on the machines this project is developed on) Python never writes the
-# bytecode it compiles, so without pip's every process would compile every module it imports, every
-# time: `import torch` took 5.5 s instead of 2.5 s on a 2-core AMD EPYC, in each of the hundreds of
-# processes that `make test` starts.
+# The set is byte-compiled after pip installs it, on every core (about 30 s here, where pip's own
+# compilation would take about 50 s of one core). Not optional: where PYTHONDONTWRITEBYTECODE is
+# set (it is on the machines this project is developed on) Python never writes the bytecode it
+# compiles, so every process would compile every module it imports, every time: `import torch` took
+# 5.5 s instead of 2.5 s on a 2-core AMD EPYC, in each of the hundreds of processes that `make test`
+# starts. Like pip, it leaves a file that does not compile (torch ships one written for Python 3.12)
+# to Python, which reports it if it is ever imported.
 venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	@echo "== setting up $(VENV) (torch comes from local disk where available)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	{ $(PY) -m pip install -q -r requirements.txt 2>&1 || echo PIP_FAILED; } | { grep -v "is ignored: it is neither" || true; } | tee $(VENV)/pip.log
+	{ $(PY) -m pip install -q --no-compile -r requirements.txt 2>&1 || echo PIP_FAILED; } | { grep -v "is ignored: it is neither" || true; } | tee $(VENV)/pip.log
 	! grep -q PIP_FAILED $(VENV)/pip.log
 	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation -e .
+	$(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fedsteer)" > /dev/null
 	rm -f $(VENV)/.installed-* && touch $@
 
