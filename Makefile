@@ -37,7 +37,7 @@ help:
 	@echo "make reproduce  recompute every result of the paper profile (resumable; WORKERS=$(WORKERS))"
 	@echo "make doctor     one line per prerequisite (ok / missing) with the command that fixes it"
 
-# The set is byte-compiled after pip installs it, on every core (about 30 s here, where pip's own
+# The set is byte-compiled after pip installs it, on every core (37 s on a 2-core AMD EPYC; pip's own
 # compilation would take about 50 s of one core). Not optional: where PYTHONDONTWRITEBYTECODE is
 # set (it is on the machines this project is developed on) Python never writes the bytecode it
 # compiles, so every process would compile every module it imports, every time: `import torch` took
