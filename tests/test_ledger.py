@@ -25,6 +25,24 @@ def test_the_best_baseline_is_the_best_mean_among_table_1s_baselines():
     assert ledger.best_baseline(per_seed) == "mifa"  # 0.76 > 0.75 = FedAvg's = FedProx's; FedSteer, full excluded
 
 
+def test_theorem_2s_term_compares_only_pairs_with_every_methods_run():
+    """Per (γ, seed), FedSteer over the smallest other method: a pair that lacks a method's run (a
+    group still being computed) is left out, since the smallest of fewer methods favours FedSteer."""
+    from fedsteer_lib.book.mechanism_claims import variance_ratios
+
+    def at(gamma, seed, **values):
+        return [{"method": m, "name": m, "refresh": 1 if m == "fedsteer" else None, "gamma": gamma,
+                 "seed": seed, "value": v} for m, v in values.items()]
+
+    means = pd.DataFrame(at(0.9, 0, fedsteer=2.0, fedvarp=4.0, mifa=1.0)  # complete: 2 / min(4, 1)
+                         + at(0.9, 1, fedsteer=2.0, fedvarp=8.0)  # MIFA missing
+                         + at(0.7, 0, fedsteer=3.0, fedvarp=6.0, mifa=12.0))
+    smallest = variance_ratios(means, None)
+    assert smallest[["gamma", "seed"]].values.tolist() == [[0.7, 0], [0.9, 0]]
+    assert smallest["ratio"].tolist() == pytest.approx([0.5, 2.0])
+    assert variance_ratios(means, "fedvarp")["ratio"].tolist() == pytest.approx([0.5, 0.5, 0.25])
+
+
 def test_fedstale_counts_at_its_best_beta_per_gamma():
     runs = pd.DataFrame({"gamma": [0.9] * 4 + [0.7] * 4, "role": ["fedstale"] * 8, "seed": [0, 1] * 4,
                          "label": ["fedstale(beta=0.5)"] * 2 + ["fedstale"] * 2 + ["fedstale(beta=0.5)"] * 2

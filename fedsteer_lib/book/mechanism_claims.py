@@ -64,9 +64,14 @@ def _is_steer(t: pd.DataFrame) -> pd.Series:
 
 def variance_ratios(means: pd.DataFrame, against: str | None) -> pd.DataFrame:
     """Per (γ, seed): FedSteer's value over FedVARP's (`against="fedvarp"`) or over the smallest
-    of every other method's (`against=None`), from `probe_means`; only pairs where both exist."""
+    of every other method's (`against=None`), from `probe_means`. Only pairs where both exist; for
+    the smallest other, only pairs with a run of every method in `means` (while a group is still
+    being computed, the smallest of fewer methods would favour FedSteer)."""
     rows = []
+    every_method = means["method"].nunique()
     for (gamma, seed), at in means.groupby(["gamma", "seed"]):
+        if against is None and at["method"].nunique() < every_method:
+            continue
         steer = at[_is_steer(at)]["value"].dropna()
         others = at[~_is_steer(at) & ((at["name"] == against) if against else True)]["value"].dropna()
         if len(steer) and len(others):
