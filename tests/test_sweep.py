@@ -68,6 +68,44 @@ def test_killed_sweep_resumes_without_losing_runs(tmp_path):
     assert resumed.equals(fresh)
 
 
+def _children(pid: int) -> list[int]:
+    """The pids of `pid`'s multiprocessing workers (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and b"spawn_main" in (stat.parent / "cmdline").read_bytes():
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass  # the process ended meanwhile
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
+def test_a_killed_sweeps_workers_end_with_it(tmp_path):
+    """`kill` reaches only the sweep, not its two workers: they must not go on computing as orphans."""
+    script = tmp_path / "sweep.py"
+    main = "if __name__ == '__main__':  # the workers are spawned: they import this file\n"
+    script.write_text(SCRIPT.replace("rounds=3", "rounds=2000").replace(
+        "run_grid(configs", main + "    run_grid(configs").replace("progress=False", "progress=False, workers=2"))
+    proc = _sweep(tmp_path / "cache", script)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(workers := _children(proc.pid)) < 2:
+        time.sleep(0.2)
+    assert len(workers) == 2, "the sweep did not start its two workers"
+    while time.time() < deadline and len(list((tmp_path / "cache" / "runs" / ".locks").glob("*.lock"))) < 2:
+        time.sleep(0.2)  # both workers are computing a run
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
+        time.sleep(0.2)
+    alive = [w for w in workers if Path(f"/proc/{w}").exists()]
+    for w in alive:  # leave no orphan behind, even when the check fails
+        os.kill(w, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their sweep"
+
+
 def test_missing_result_is_a_clear_error(tmp_path):
     from fedsteer_lib.experiments.results import load_run
 

@@ -18,6 +18,8 @@ import fcntl
 import multiprocessing as mp
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -124,6 +126,20 @@ def _run_and_save(args: tuple) -> tuple[str, str]:
 _SIM: SimData | None = None
 
 
+def _worker_start(kernels: str, sweep_pid: int) -> None:
+    """A local worker's start: the sweep's kernel mode, and a watch that ends the worker once
+    the sweep that started it has ended. A sweep killed by a signal (`kill`, SIGKILL) runs no
+    clean-up, and its workers would otherwise go on computing their runs as orphans."""
+    numerics.select_kernels(kernels)
+
+    def watch() -> None:
+        while os.getppid() == sweep_pid:
+            time.sleep(1.0)
+        os._exit(1)  # the run in progress is lost, as it is for the sweep; its lock dies with it
+
+    threading.Thread(target=watch, name="sweep-watch", daemon=True).start()
+
+
 def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None, *, workers: int = 1,
              progress: bool = True, desc: str = "runs", executor: str = "local", address: str | None = None,
              gpus_per_run: float = 0.0, run_progress: bool = False) -> int:
@@ -175,9 +191,10 @@ def run_grid(configs: Sequence[RunConfig], root: str | os.PathLike | None = None
         else:
             threads = max(1, (os.cpu_count() or 1) // workers)
             ctx = mp.get_context("spawn")
-            # Each worker puts this process's kernel mode in force before it computes.
-            with ctx.Pool(workers, maxtasksperchild=None, initializer=numerics.select_kernels,
-                          initargs=(numerics.kernels(),)) as pool:
+            # Each worker puts this process's kernel mode in force before it computes, and ends
+            # when this process ends, however it ends (`_worker_start`).
+            with ctx.Pool(workers, maxtasksperchild=None, initializer=_worker_start,
+                          initargs=(numerics.kernels(), os.getpid())) as pool:
                 for key, outcome in pool.imap_unordered(_run_and_save, [(c, root_s, threads, wait) for c in batch]):
                     outcomes[key] = outcome
                     bar.update(outcome != BUSY)
