@@ -193,12 +193,3 @@ def test_the_ledger_display_has_no_raw_names_or_nans(committed):
     assert not re.findall(r"(?<![\w-])-\d", html)  # every negative number with a true minus sign
     for raw in ("nan", "None", "gain-best", "fedsteer_", "NaN"):
         assert raw not in html, raw
-
-
-def test_coordinate_stability_units_are_pairs_with_every_settings_run():
-    from fedsteer_lib.book.mechanism_claims import stability_units
-
-    runs = pd.DataFrame({"setting": ["a", "b", "a", "a", "b"], "gamma": [0.9, 0.9, 0.9, 0.7, 0.7],
-                         "seed": [0, 0, 1, 0, 0], "median_cosine": [0.8, 0.6, 0.9, 0.5, np.nan]})
-    units = stability_units(runs, settings=2)  # (0.9, 1) lacks setting b; (0.7, 0)'s b has no cosine
-    assert units.values.tolist() == [[0.9, 0.0, pytest.approx(0.7)]]

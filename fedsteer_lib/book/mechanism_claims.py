@@ -23,7 +23,7 @@ from .coordinates import coordinate_stability
 from .table_display import fmt_pct
 
 __all__ = ["MECHANISM_IDS", "probe_payloads", "alignment_by_run", "probe_means", "variance_ratios",
-           "stability_by_unit", "stability_units", "variance_claims", "stability_claim", "memory_claims"]
+           "stability_by_unit", "variance_claims", "stability_claim", "memory_claims"]
 
 MECHANISM_IDS = ("alignment", "variance-thm1", "variance-term-thm2")
 
@@ -64,17 +64,13 @@ def _is_steer(t: pd.DataFrame) -> pd.Series:
 
 def variance_ratios(means: pd.DataFrame, against: str | None) -> pd.DataFrame:
     """Per (γ, seed): FedSteer's value over FedVARP's (`against="fedvarp"`) or over the smallest
-    of every other method's (`against=None`), from `probe_means`. Only pairs where both exist; for
-    the smallest other, only pairs with a run of every method in `means` (while a group is still
-    being computed, the smallest of fewer methods would favour FedSteer)."""
+    of every other method's (`against=None`: only pairs with a run of every method), from `probe_means`."""
     rows = []
-    every_method = means["method"].nunique()
     for (gamma, seed), at in means.groupby(["gamma", "seed"]):
-        if against is None and at["method"].nunique() < every_method:
-            continue
         steer = at[_is_steer(at)]["value"].dropna()
         others = at[~_is_steer(at) & ((at["name"] == against) if against else True)]["value"].dropna()
-        if len(steer) and len(others):
+        complete = against or at["method"].nunique() == means["method"].nunique()  # fewer would favour FedSteer
+        if complete and len(steer) and len(others):
             rows.append({"gamma": gamma, "seed": seed, "ratio": float(steer.iloc[0] / others.min())})
     return pd.DataFrame(rows, columns=["gamma", "seed", "ratio"])
 
@@ -130,29 +126,17 @@ def stability_by_unit(book) -> pd.DataFrame:
     cosine between s_i just before and just after (`coordinates.coordinate_stability`)."""
     configs = groups.stability_grid(book.dataset, book.profile, seeds=book.seeds, device=book.device)
     shown, _ = book.available(list(configs.values()), "coordinate_stability", desc="stability runs")
-    keys = {c.key() for c in shown}
-    rows = []
-    for (setting, gamma, seed), c in configs.items():
-        if c.key() not in keys:
-            continue
+    keys, rows = {c.key() for c in shown}, []
+    for (setting, gamma, seed), c in ((k, c) for k, c in configs.items() if c.key() in keys):
         cos = coordinate_stability(load_run(c, book.root), c.method.get("refresh_every"))["cosine"].dropna()
         rows.append({"setting": setting, "gamma": gamma, "seed": seed,
                      "median_cosine": float(cos.median()) if len(cos) else np.nan})
     return pd.DataFrame(rows, columns=["setting", "gamma", "seed", "median_cosine"])
 
 
-def stability_units(runs: pd.DataFrame, settings: int) -> pd.DataFrame:
-    """The claim's units, from `stability_by_unit`: per (γ, seed) with a run of each of the
-    `settings` settings, the mean of their median cosines (while the group is being computed, a
-    pair's mean over fewer settings would be another statistic)."""
-    per_pair = runs.dropna(subset=["median_cosine"]).groupby(["gamma", "seed"], as_index=False).agg(
-        median_cosine=("median_cosine", "mean"), settings=("setting", "nunique"))
-    return per_pair.loc[per_pair["settings"] == settings, ["gamma", "seed", "median_cosine"]].reset_index(drop=True)
-
-
 def stability_claim(book) -> list[Claim]:
-    settings = {s for s, _, _ in groups.stability_grid(book.dataset, book.profile, seeds=book.seeds, device=book.device)}
-    units = stability_units(stability_by_unit(book), len(settings))["median_cosine"].tolist()
+    runs = stability_by_unit(book).dropna()
+    units = runs.groupby(["gamma", "seed"])["median_cosine"].mean().tolist()
     gammas = ", ".join(f"{g:g}" for g in book.profile.gammas)
     return [Claim("coordinates-stable", "mechanism", "A client's coordinates s_i change little between refreshes",
                   "§8.5, Fig. 8", f"{paper.DATASET_NAMES[book.dataset]}, γ ∈ {{{gammas}}}, |X| ∈ {{10, 40}}, "
