@@ -127,7 +127,9 @@ def stability_by_unit(book) -> pd.DataFrame:
     configs = groups.stability_grid(book.dataset, book.profile, seeds=book.seeds, device=book.device)
     shown, _ = book.available(list(configs.values()), "coordinate_stability", desc="stability runs")
     keys, rows = {c.key() for c in shown}, []
-    for (setting, gamma, seed), c in ((k, c) for k, c in configs.items() if c.key() in keys):
+    for (setting, gamma, seed), c in configs.items():
+        if c.key() not in keys:
+            continue
         cos = coordinate_stability(load_run(c, book.root), c.method.get("refresh_every"))["cosine"].dropna()
         rows.append({"setting": setting, "gamma": gamma, "seed": seed,
                      "median_cosine": float(cos.median()) if len(cos) else np.nan})
