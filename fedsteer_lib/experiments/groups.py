@@ -285,7 +285,7 @@ GROUP_TITLES: dict[str, str] = {
 # Groups still being computed (over several sessions, by `make reproduce` or a sweep): their
 # chapters show the runs that are cached and say how many are missing; `make book` never
 # computes them. A group leaves this set once it is complete (tests/test_sweep.py checks both).
-IN_PROGRESS: frozenset[str] = frozenset({"coreset_lambda", "convergence_probes"})
+IN_PROGRESS: frozenset[str] = frozenset({"coreset_lambda"})
 
 
 # What `--what` selects: each entry returns {group name: configs}, given the data set, the
